@@ -1,0 +1,451 @@
+"""The GRPO family as pure tensor functions (seed 004, sections 4-6).
+
+Every function takes tensors and plain scalars and returns tensors: no config objects, no model, and no
+`.item()` in the math, so the caller decides when to synchronise. Shapes used below:
+
+    N  rollouts in the batch (prompts x group size G)
+    B  rollouts in a (micro)batch
+    T  sequence length of the labels (prompt + response, padded); the response mask picks the response
+
+A named algorithm (GRPO, Dr. GRPO, RFT, MaxRL, GSPO, ...) is a combination of independent choices --
+baseline, advantage normaliser, importance weighting, clip range(s), loss aggregation, KL weight -- kept in
+one table, `PRESETS`, at the bottom of this module.
+
+Input checks (shapes, options, NaN/inf) run by default; set `CHECK_INPUTS = False` to skip the NaN/inf
+scans, which synchronise with the device, in a tuned GPU run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import torch
+
+Baseline = Literal["mean", "none"]
+AdvantageNormalizer = Literal["std", "mean", "none"]
+ImportanceMethod = Literal["none", "noclip", "grpo", "gspo", "cispo"]
+LossNormalization = Literal["sequence", "constant", "token"]
+KLEstimator = Literal["k1", "k2", "k3"]
+
+BASELINES = ("mean", "none")
+ADVANTAGE_NORMALIZERS = ("std", "mean", "none")
+IMPORTANCE_METHODS = ("none", "noclip", "grpo", "gspo", "cispo")
+LOSS_NORMALIZATIONS = ("sequence", "constant", "token")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+CHECK_INPUTS = True
+
+
+# ----------------------------------------------------------------------------------------------------
+# Input checks: every message names the argument at fault.
+
+
+def check_choice(argument: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{argument}={value!r} is not one of {', '.join(map(repr, choices))}")
+
+
+def _check_finite(argument: str, tensor: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+    if not CHECK_INPUTS:
+        return
+    values = tensor if mask is None else tensor[mask.bool()]
+    if not bool(torch.isfinite(values).all()):
+        bad = int((~torch.isfinite(values)).sum())
+        raise ValueError(f"{argument} contains {bad} NaN or infinite value(s)")
+
+
+def _check_shape(argument: str, tensor: torch.Tensor, shape: torch.Size, reference: str) -> None:
+    if tensor.shape != shape:
+        raise ValueError(
+            f"{argument} has shape {tuple(tensor.shape)} but {reference} has shape {tuple(shape)}"
+        )
+
+
+def _per_rollout_column(values: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """(B,) or (B, 1) -> (B, 1), so one scalar per rollout broadcasts over its tokens."""
+    if values.dim() == 1:
+        values = values.unsqueeze(-1)
+    if values.dim() != 2 or values.shape != (batch_size, 1):
+        raise ValueError(
+            f"raw_rewards_or_advantages has shape {tuple(values.shape)}; expected ({batch_size},) or "
+            f"({batch_size}, 1) to match policy_log_probs' batch size"
+        )
+    return values
+
+
+# ----------------------------------------------------------------------------------------------------
+# Masked reductions and the per-token quantities.
+
+
+def masked_mean(tensor: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of `tensor` over the positions where `mask` is true, over `dim` (or over everything).
+
+    Masked-out positions may hold anything, NaN included: they are selected away, not multiplied by 0.
+    A slice with no true position gives NaN (0/0), as torch.mean of an empty tensor does.
+
+    >>> masked_mean(torch.tensor([[1., 2., 9.]]), torch.tensor([[1, 1, 0]]))
+    tensor(1.5000)
+    """
+    mask = mask.bool()
+    total = torch.where(mask, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device))
+    if dim is None:
+        return total.sum() / mask.sum()
+    return total.sum(dim) / mask.sum(dim)
+
+
+def masked_normalize(
+    tensor: torch.Tensor, mask: torch.Tensor, dim: int | None = None, normalize_constant: float = 1.0
+) -> torch.Tensor:
+    """Sum of `tensor` over the masked positions (over `dim` or everything) divided by a constant.
+
+    >>> masked_normalize(torch.tensor([[1., 2., 9.]]), torch.tensor([[1, 1, 0]]), normalize_constant=2.0)
+    tensor(1.5000)
+    """
+    if normalize_constant == 0:
+        raise ValueError("normalize_constant must not be 0")
+    mask = mask.bool()
+    total = torch.where(mask, tensor, torch.zeros((), dtype=tensor.dtype, device=tensor.device))
+    summed = total.sum() if dim is None else total.sum(dim)
+    return summed / normalize_constant
+
+
+def compute_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of the next-token distribution at every position: (..., V) -> (...).
+
+    Computed from log_softmax in float32, so it stays finite for extreme logits (1e4, -1e4, -inf):
+    p * log p is taken as 0 where p underflows to 0 instead of 0 * -inf = NaN.
+
+    >>> compute_entropy(torch.tensor([0.0, 0.0]))   # two equally likely tokens: log 2
+    tensor(0.6931)
+    """
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    p = log_p.exp()
+    return -(p * log_p.masked_fill(p == 0, 0.0)).sum(dim=-1)
+
+
+def kl_penalty(
+    policy_log_probs: torch.Tensor, reference_log_probs: torch.Tensor, estimator: KLEstimator = "k3"
+) -> torch.Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) on tokens sampled from pi_theta (Schulman's k1/k2/k3).
+
+    With log r = log pi_ref - log pi_theta at each token:
+        k1 = -log r                 unbiased, can be negative, high variance
+        k2 = (log r)^2 / 2          biased, low variance
+        k3 = r - 1 - log r          unbiased and >= 0 (the GRPO paper's choice)
+    k3's exponent is capped at 20 so that one wildly unlikely token cannot overflow the loss.
+    Weighted by a coefficient beta and added to the per-token policy-gradient loss.
+
+    >>> kl_penalty(torch.tensor([0.0]), torch.tensor([0.0]))   # identical policies: no penalty
+    tensor([0.])
+    """
+    check_choice("estimator", estimator, KL_ESTIMATORS)
+    _check_shape("reference_log_probs", reference_log_probs, policy_log_probs.shape, "policy_log_probs")
+    log_r = reference_log_probs - policy_log_probs
+    if estimator == "k1":
+        return -log_r
+    if estimator == "k2":
+        return 0.5 * log_r.square()
+    return torch.exp(log_r.clamp(max=20.0)) - 1.0 - log_r
+
+
+# ----------------------------------------------------------------------------------------------------
+# Advantages.
+
+
+def compute_group_normalized_rewards(
+    raw_rewards: torch.Tensor,
+    group_size: int,
+    baseline: Baseline = "mean",
+    advantage_eps: float = 1e-6,
+    advantage_normalizer: AdvantageNormalizer = "std",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-rollout advantages from raw rewards, normalised within each group of `group_size` rollouts.
+
+    raw_rewards: (N,) with N = n_prompts * group_size, each prompt's G rollouts contiguous.
+    Returns advantages (N,) and metadata of tensors.
+
+        baseline="mean"      r - mu_i, the group-mean baseline           eq. 20
+        baseline="none"      r                                           eq. 14, 34 (REINFORCE, RFT)
+        normalizer="std"     / (std_i + eps), torch.std's unbiased std   eq. 25, 28-30 (GRPO)
+        normalizer="none"    no division                                 eq. 33 (Dr. GRPO)
+        normalizer="mean"    / (mu_i + eps)                              eq. 37, 43 (MaxRL)
+
+    MaxRL's mean normaliser assumes non-negative rewards (a group of zeros gives 0 / eps = 0).
+
+    >>> compute_group_normalized_rewards(torch.tensor([1., 0., 0., 0.]), 4, advantage_normalizer="none")[0]
+    tensor([ 0.7500, -0.2500, -0.2500, -0.2500])
+    """
+    check_choice("baseline", baseline, BASELINES)
+    check_choice("advantage_normalizer", advantage_normalizer, ADVANTAGE_NORMALIZERS)
+    if raw_rewards.dim() == 2 and raw_rewards.shape[-1] == 1:
+        raw_rewards = raw_rewards.squeeze(-1)
+    if raw_rewards.dim() != 1:
+        raise ValueError(f"raw_rewards must have shape (N,); got {tuple(raw_rewards.shape)}")
+    if not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be a positive integer; got {group_size!r}")
+    n = raw_rewards.shape[0]
+    if n == 0 or n % group_size:
+        raise ValueError(
+            f"raw_rewards holds {n} rollouts, which is not a whole number of groups of group_size={group_size}"
+        )
+    if group_size == 1 and advantage_normalizer == "std":
+        raise ValueError("advantage_normalizer='std' needs group_size >= 2 (the std of one sample is undefined)")
+    if group_size == 1 and baseline == "mean":
+        raise ValueError("baseline='mean' with group_size=1 makes every advantage 0; use baseline='none'")
+    if advantage_eps < 0:
+        raise ValueError(f"advantage_eps must be >= 0; got {advantage_eps}")
+    _check_finite("raw_rewards", raw_rewards)
+
+    rewards = raw_rewards.float().view(-1, group_size)
+    group_mean = rewards.mean(dim=1, keepdim=True)
+    advantages = rewards - group_mean if baseline == "mean" else rewards
+    group_std = rewards.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(group_mean)
+    if advantage_normalizer == "std":
+        advantages = advantages / (group_std + advantage_eps)
+    elif advantage_normalizer == "mean":
+        advantages = advantages / (group_mean + advantage_eps)
+
+    no_spread = (rewards.max(dim=1).values == rewards.min(dim=1).values).float()
+    metadata = {
+        "reward_mean": rewards.mean(),
+        "reward_std": rewards.std() if rewards.numel() > 1 else torch.zeros(()),
+        "reward_max": rewards.max(),
+        "reward_min": rewards.min(),
+        "group_reward_std_mean": group_std.mean(),
+        "frac_groups_zero_std": no_spread.mean(),
+        "advantage_mean": advantages.mean(),
+        "advantage_abs_max": advantages.abs().max(),
+    }
+    return advantages.reshape(-1), metadata
+
+
+# ----------------------------------------------------------------------------------------------------
+# Per-token policy-gradient loss.
+
+
+def compute_policy_gradient_loss(
+    raw_rewards_or_advantages: torch.Tensor,
+    policy_log_probs: torch.Tensor,
+    importance_reweighting_method: ImportanceMethod = "none",
+    old_log_probs: torch.Tensor | None = None,
+    cliprange: float | None = None,
+    response_mask: torch.Tensor | None = None,
+    cliprange_high: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token loss (B, T) whose gradient, once aggregated, is minus the policy-gradient estimator.
+
+    raw_rewards_or_advantages: (B,) or (B, 1), one scalar A per rollout.
+    policy_log_probs, old_log_probs, response_mask: (B, T). Returns the NEGATIVE objective, so gradient
+    descent ascends it. With w_t = pi_theta / pi_old at each token (eps = cliprange, eps_high =
+    cliprange_high or cliprange):
+
+        "none"    -A log pi                                   eq. 14, 20, 25, 28/32, 33, 34, 37, 43 (on-policy)
+        "noclip"  -A w_t                                      eq. 56 (token-level reweighting, 48)
+        "grpo"    -min(A w_t, A clip(w_t, 1-eps, 1+eps_high)) eq. 57-60 (PPO/GRPO clip; DAPO's clip-higher
+                                                              when eps_high > eps)
+        "gspo"    -min(A s, A clip(s, 1-eps, 1+eps_high))     eq. 62-65, s = exp(mean_t log w_t) over the
+                  response tokens (a geometric mean, in log space). The sequence's value is repeated at
+                  every position of its row; masking happens in aggregation, so per-sequence averaging
+                  gives eq. 62 exactly.
+        "cispo"   -sg[min(w_t, 1+eps_high)] A log pi          eq. 61: the capped weight is not differentiated,
+                  so upweighted tokens still get gradient (unlike the PPO clip).
+
+    Metadata (tensors) for the weighted methods: the ratio's mean/min/max over response tokens and the
+    clip fraction -- the share of response tokens (sequences, for gspo) whose clipped branch is active.
+    """
+    check_choice("importance_reweighting_method", importance_reweighting_method, IMPORTANCE_METHODS)
+    if policy_log_probs.dim() != 2:
+        raise ValueError(f"policy_log_probs must have shape (B, T); got {tuple(policy_log_probs.shape)}")
+    batch = policy_log_probs.shape[0]
+    advantages = _per_rollout_column(raw_rewards_or_advantages, batch).to(policy_log_probs.dtype)
+    if response_mask is not None:
+        _check_shape("response_mask", response_mask, policy_log_probs.shape, "policy_log_probs")
+        response_mask = response_mask.bool()
+    _check_finite("raw_rewards_or_advantages", advantages)
+    _check_finite("policy_log_probs", policy_log_probs, response_mask)
+
+    if importance_reweighting_method == "none":
+        return -advantages * policy_log_probs, {}
+
+    if old_log_probs is None:
+        raise ValueError(f"importance_reweighting_method={importance_reweighting_method!r} needs old_log_probs")
+    _check_shape("old_log_probs", old_log_probs, policy_log_probs.shape, "policy_log_probs")
+    _check_finite("old_log_probs", old_log_probs, response_mask)
+    needs_clip = importance_reweighting_method in ("grpo", "gspo", "cispo")
+    if needs_clip and cliprange is None and not (importance_reweighting_method == "cispo" and cliprange_high):
+        raise ValueError(f"importance_reweighting_method={importance_reweighting_method!r} needs cliprange")
+    for name, value in (("cliprange", cliprange), ("cliprange_high", cliprange_high)):
+        if value is not None and value < 0:
+            raise ValueError(f"{name} must be >= 0; got {value}")
+    low = 1.0 - cliprange if cliprange is not None else None
+    high = 1.0 + (cliprange_high if cliprange_high is not None else cliprange) if needs_clip else None
+
+    mask = response_mask if response_mask is not None else torch.ones_like(policy_log_probs, dtype=torch.bool)
+    log_ratio = policy_log_probs - old_log_probs.to(policy_log_probs.dtype)
+
+    if importance_reweighting_method == "gspo":
+        seq_ratio = torch.exp(masked_mean(log_ratio, mask, dim=-1)).unsqueeze(-1)  # (B, 1)
+        unclipped = advantages * seq_ratio
+        clipped = advantages * seq_ratio.clamp(low, high)
+        seq_loss = -torch.minimum(unclipped, clipped)
+        metadata = {
+            "clip_fraction": (clipped < unclipped).float().mean(),
+            "ratio_mean": seq_ratio.mean().detach(),
+            "ratio_min": seq_ratio.min().detach(),
+            "ratio_max": seq_ratio.max().detach(),
+        }
+        return seq_loss.expand_as(policy_log_probs), metadata
+
+    ratio = torch.exp(log_ratio)
+    metadata = {
+        "ratio_mean": masked_mean(ratio.detach(), mask),
+        "ratio_min": ratio.detach()[mask].min() if mask.any() else torch.ones(()),
+        "ratio_max": ratio.detach()[mask].max() if mask.any() else torch.ones(()),
+    }
+    if importance_reweighting_method == "noclip":
+        return -advantages * ratio, metadata
+    if importance_reweighting_method == "cispo":
+        weight = ratio.clamp(max=high).detach()
+        metadata["clip_fraction"] = masked_mean((ratio > high).float(), mask)
+        return -weight * advantages * policy_log_probs, metadata
+    unclipped = advantages * ratio
+    clipped = advantages * ratio.clamp(low, high)
+    metadata["clip_fraction"] = masked_mean((clipped < unclipped).float(), mask)
+    return -torch.minimum(unclipped, clipped), metadata
+
+
+# ----------------------------------------------------------------------------------------------------
+# Aggregation over tokens and sequences.
+
+
+def aggregate_loss_across_microbatch(
+    per_token_loss: torch.Tensor,
+    mask: torch.Tensor,
+    loss_normalization: LossNormalization = "sequence",
+    normalization_constant: float | None = None,
+) -> torch.Tensor:
+    """Scalar loss from the per-token loss (B, T) and the response mask (B, T).
+
+        "sequence"  mean over each sequence's response tokens, then over sequences   eq. 27-28 (GRPO)
+        "constant"  masked sum / normalization_constant (e.g. B*G*L)                   eq. 33, 34, 37 (Dr. GRPO)
+        "token"     masked sum / number of response tokens                             DAPO's token-mean;
+                    with normalization_constant given, that count is taken as the whole batch's token count,
+                    so the microbatches of one batch add up to the batch's token-mean.
+
+    A sequence with no response token contributes 0 (not NaN) to the "sequence" mean and is still counted.
+
+    >>> aggregate_loss_across_microbatch(torch.tensor([[1., 3.], [2., 0.]]), torch.tensor([[1, 1], [1, 0]]))
+    tensor(2.)
+    """
+    check_choice("loss_normalization", loss_normalization, LOSS_NORMALIZATIONS)
+    _check_shape("mask", mask, per_token_loss.shape, "per_token_loss")
+    mask = mask.bool()
+    masked = torch.where(mask, per_token_loss, torch.zeros((), dtype=per_token_loss.dtype, device=per_token_loss.device))
+    if loss_normalization == "sequence":
+        tokens = mask.sum(dim=-1).clamp(min=1)
+        return (masked.sum(dim=-1) / tokens).mean()
+    if loss_normalization == "constant":
+        if normalization_constant is None or normalization_constant <= 0:
+            raise ValueError(
+                f"loss_normalization='constant' needs a positive normalization_constant; got {normalization_constant!r}"
+            )
+        return masked.sum() / normalization_constant
+    if normalization_constant is not None:
+        if normalization_constant <= 0:
+            raise ValueError(f"normalization_constant must be positive; got {normalization_constant!r}")
+        return masked.sum() / normalization_constant
+    return masked.sum() / mask.sum().clamp(min=1)
+
+
+def microbatch_loss_scale(loss_normalization: LossNormalization, microbatch_size: int, batch_size: int) -> float:
+    """Factor that turns one microbatch's aggregated loss into its share of the whole batch's loss.
+
+    Only the per-sequence mean needs it (a mean over B_micro sequences is a fraction B_micro/B of the batch
+    mean); "constant" and "token" already divide by a whole-batch quantity passed as normalization_constant.
+    """
+    return microbatch_size / batch_size if loss_normalization == "sequence" else 1.0
+
+
+# ----------------------------------------------------------------------------------------------------
+# Named algorithms: each one a combination of the independent choices above.
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """One named policy-gradient algorithm. Field names match `grpo_train_step`'s keyword arguments."""
+
+    baseline: Baseline
+    advantage_normalizer: AdvantageNormalizer
+    importance_reweighting_method: ImportanceMethod
+    loss_normalization: LossNormalization
+    cliprange: float | None = None
+    cliprange_high: float | None = None
+    beta: float = 0.0  # weight of the KL penalty to the reference model
+    kl_estimator: KLEstimator = "k3"
+    steps_per_rollout: int = 1  # optimizer steps per rollout batch; > 1 is off-policy
+    mask_truncated_completions: bool = False
+    summary: str = ""
+
+    def validate(self) -> None:
+        check_choice("baseline", self.baseline, BASELINES)
+        check_choice("advantage_normalizer", self.advantage_normalizer, ADVANTAGE_NORMALIZERS)
+        check_choice("importance_reweighting_method", self.importance_reweighting_method, IMPORTANCE_METHODS)
+        check_choice("loss_normalization", self.loss_normalization, LOSS_NORMALIZATIONS)
+        check_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        if self.importance_reweighting_method in ("grpo", "gspo") and self.cliprange is None:
+            raise ValueError(f"importance_reweighting_method={self.importance_reweighting_method!r} needs cliprange")
+        if self.importance_reweighting_method == "cispo" and self.cliprange is None and self.cliprange_high is None:
+            raise ValueError("importance_reweighting_method='cispo' needs cliprange or cliprange_high")
+        if self.steps_per_rollout < 1:
+            raise ValueError(f"steps_per_rollout must be >= 1; got {self.steps_per_rollout}")
+        if self.beta < 0:
+            raise ValueError(f"beta must be >= 0; got {self.beta}")
+
+
+_OFF = 4  # optimizer steps per rollout batch for the off-policy presets (seed 004 uses 32 at 256 rollouts)
+
+PRESETS: dict[str, Preset] = {
+    "reinforce": Preset("none", "none", "none", "sequence", summary="raw reward, no baseline (eq. 14); G=1 allowed"),
+    "reinforce_with_baseline": Preset("mean", "none", "none", "sequence", summary="group-mean baseline (eq. 20)"),
+    "grpo": Preset("mean", "std", "none", "sequence", summary="GRPO on-policy (Algorithm 1, eq. 28)"),
+    "grpo_constant": Preset("mean", "std", "none", "constant", summary="GRPO with constant normalisation"),
+    "dr_grpo": Preset("mean", "none", "none", "constant", summary="Dr. GRPO (eq. 33)"),
+    "rft": Preset("none", "none", "none", "constant", summary="rejection fine-tuning on correct rollouts (eq. 34)"),
+    "maxrl": Preset("mean", "mean", "none", "constant", summary="MaxRL, mean-normalised advantage (eq. 37)"),
+    "grpo_clip": Preset(
+        "mean", "std", "grpo", "sequence", cliprange=0.2,
+        summary="GRPO with the PPO clip (eq. 57); the ratio is 1 unless steps_per_rollout > 1",
+    ),
+    "offpolicy_naive": Preset(
+        "mean", "std", "none", "sequence", steps_per_rollout=_OFF, summary="stale samples, no reweighting (eq. 44)"
+    ),
+    "offpolicy_noclip": Preset(
+        "mean", "std", "noclip", "sequence", steps_per_rollout=_OFF, summary="token-level reweighting (eq. 56)"
+    ),
+    "offpolicy_clip": Preset(
+        "mean", "std", "grpo", "sequence", cliprange=0.2, steps_per_rollout=_OFF, summary="PPO/GRPO clip (eq. 57-60)"
+    ),
+    "offpolicy_gspo": Preset(
+        "mean", "std", "gspo", "sequence", cliprange=3e-4, steps_per_rollout=_OFF,
+        summary="GSPO sequence-level geometric-mean ratio (eq. 62-65)",
+    ),
+    "cispo": Preset(
+        "mean", "std", "cispo", "sequence", cliprange=0.2, steps_per_rollout=_OFF,
+        summary="CISPO: capped, undifferentiated token weight (eq. 61)",
+    ),
+    "dapo": Preset(
+        "mean", "std", "grpo", "token", cliprange=0.2, cliprange_high=0.28, steps_per_rollout=_OFF,
+        mask_truncated_completions=True, summary="DAPO: clip-higher, token-mean loss, truncated rollouts masked",
+    ),
+}
+for _name, _preset in PRESETS.items():
+    _preset.validate()
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called `name`; an unknown name fails with the list of valid ones."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown algorithm {name!r}; valid: {', '.join(PRESETS)}") from None
