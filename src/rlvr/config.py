@@ -1,0 +1,155 @@
+"""Typed configuration: one pydantic model per command, validated before any heavy work.
+
+A config comes from a YAML preset (configs/*.yaml) and `key=value` overrides from the command line
+(also accepted as `--key value` or `--key=value`). Values are parsed as YAML scalars and type-checked;
+unknown keys are rejected with the list of valid ones. The full resolved config is written next to
+each run's outputs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+C = TypeVar("C", bound="BaseConfig")
+
+
+class ConfigError(ValueError):
+    """A bad config file or override; the message names the file and the field."""
+
+
+class BaseConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_yaml(), encoding="utf-8")
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """["lr=1e-5", "--seed", "3", "--prompt=r1_zero"] -> {"lr": 1e-05, "seed": 3, "prompt": "r1_zero"}."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("--"):
+            body = arg[2:]
+            if "=" in body:
+                key, value = body.split("=", 1)
+            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+                key, value = body, args[i + 1]
+                i += 1
+            else:
+                key, value = body, "true"  # a bare flag
+        elif "=" in arg:
+            key, value = arg.split("=", 1)
+        else:
+            raise ConfigError(f"cannot read override {arg!r}: expected key=value or --key value")
+        key = key.strip().replace("-", "_")
+        if not key:
+            raise ConfigError(f"override {arg!r} has no key")
+        try:
+            out[key] = yaml.safe_load(value) if value != "" else ""
+        except yaml.YAMLError:
+            out[key] = value
+        if isinstance(out[key], str) and out[key].lower() in ("none", "null"):
+            out[key] = None
+        i += 1
+    return out
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(p) for p in item["loc"]) or "(config)"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{source}: unknown field {field!r}")
+        else:
+            lines.append(f"{source}: field {field!r}: {item['msg']} (got {item.get('input')!r})")
+    return "\n".join(lines)
+
+
+def load_config(cls: type[C], path: str | Path | None = None, overrides: list[str] | dict | None = None) -> C:
+    """Build `cls` from a YAML file and overrides; errors name the file (or "command line") and field."""
+    data: dict[str, Any] = {}
+    source = "command line"
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} not found")
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of field: value, got {type(loaded).__name__}")
+        data = dict(loaded or {})
+        source = str(path)
+    extra = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
+    unknown = sorted(set(data) - set(cls.model_fields)) + sorted(set(extra) - set(cls.model_fields))
+    if unknown:
+        where = source if set(unknown) & set(data) else "command line"
+        raise ConfigError(
+            f"{where}: unknown field(s) {', '.join(map(repr, unknown))}; valid fields: {', '.join(cls.model_fields)}"
+        )
+    data.update(extra)
+    try:
+        return cls.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_describe(err, source if not extra else f"{source} + overrides")) from None
+
+
+def fields_help(cls: type[BaseConfig]) -> str:
+    """A field list for --help: name, type/default, description."""
+    lines = []
+    for name, field in cls.model_fields.items():
+        default = field.default if field.default is not None else "None"
+        lines.append(f"{name}={default!s}  {field.description or ''}".rstrip())
+    return "\n\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Shared pieces.
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+
+
+class SamplingFields(BaseModel):
+    """Sampling settings shared by evaluation and training rollouts."""
+
+    temperature: float = Field(1.0, ge=0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(512, ge=1)
+    min_new_tokens: int = Field(0, ge=0)
+    repetition_penalty: float = Field(1.0, gt=0)
+
+
+class EvalConfig(BaseConfig):
+    model: str = Field("SmolLM2-135M-Instruct", description="hub name, saved directory, .gguf file, or the default")
+    prompt: str = Field("r1_zero", description="question_only | r1_zero | r1_zero_three_shot | chat")
+    dataset: str = Field("gsm8k", description="gsm8k | arithmetic[:steps=N,max=M] | path.jsonl")
+    split: Literal["train", "validation", "test"] = "test"
+    limit: int | None = Field(None, ge=1, description="first N questions")
+    samples: int = Field(1, ge=1, description="completions per question (pass@k for k <= samples)")
+    temperature: float | None = Field(None, ge=0, description="default: 0 (greedy) for 1 sample, else 1.0")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(512, ge=1)
+    repetition_penalty: float = Field(1.0, gt=0)
+    batch_size: int = Field(64, ge=1, description="rows decoded together")
+    dtype: Dtype = Field("float32", description="generation dtype (bfloat16 is about 2x faster on this CPU)")
+    seed: int = 0
+    out: str | None = Field(None, description="output directory (default runs/eval/<model>-<prompt>-<split>)")
+    examples_per_category: int = Field(2, ge=0, description="example responses printed per category")
+
+    @model_validator(mode="after")
+    def _defaults(self):
+        if self.temperature is None:
+            object.__setattr__(self, "temperature", 0.0 if self.samples == 1 else 1.0)
+        if self.samples > 1 and self.temperature == 0:
+            raise ValueError("samples > 1 with temperature 0 gives identical samples; set temperature > 0")
+        return self

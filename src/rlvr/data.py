@@ -1,0 +1,237 @@
+"""Tasks as typed records: GSM8K (shipped in the package), any JSONL, and a generated `arithmetic` task.
+
+A dataset is named by a string, so configs and the command line can choose it:
+
+    "gsm8k"                          GSM8K; splits train / validation / test
+    "arithmetic"                     generated word problems (default difficulty: 2 steps, numbers <= 20)
+    "arithmetic:steps=3,max=99"      the same with a difficulty knob
+    "path/to/file.jsonl"             any JSONL; field names configurable (see `load_jsonl`)
+
+The validation split is a fixed, seeded subset of GSM8K's training set, so the test set stays untouched;
+the three worked examples of the `r1_zero_three_shot` prompt are taken out of both training and validation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import re
+from importlib import resources
+from pathlib import Path
+
+from rlvr.rewards import parse_gsm8k_answer
+
+SPLITS = ("train", "validation", "test")
+GSM8K_VALIDATION_SIZE = 500
+# Indices in GSM8K train.jsonl of the three worked examples used by the r1_zero_three_shot prompt.
+FEW_SHOT_INDICES = (0, 1, 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One problem: the question, its final answer (a string the grader compares), a worked solution."""
+
+    question: str
+    answer: str
+    solution: str = ""
+    id: str = ""
+
+
+class DataError(ValueError):
+    """Bad input data; the message names the file and line."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# Loading JSONL.
+
+
+def load_jsonl(
+    path: str | Path,
+    question_field: str = "question",
+    answer_field: str = "answer",
+    solution_field: str | None = None,
+    gsm8k_answers: bool | None = None,
+) -> list[Example]:
+    """Read a JSONL file into Examples.
+
+    `answer_field` holds either a bare final answer or a GSM8K-style solution ending in "#### <answer>";
+    with `gsm8k_answers` left None this is detected per line. The worked solution is `solution_field`, or
+    the GSM8K text before "####". A malformed line fails with the file and line number.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    examples = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            for field in (question_field, answer_field) + ((solution_field,) if solution_field else ()):
+                if field not in row:
+                    raise DataError(f"{where}: missing field {field!r} (fields present: {', '.join(row)})")
+            question, raw_answer = row[question_field], row[answer_field]
+            if not isinstance(question, str) or not question.strip():
+                raise DataError(f"{where}: field {question_field!r} must be a non-empty string")
+            if isinstance(raw_answer, (int, float)) and not isinstance(raw_answer, bool):
+                raw_answer = str(raw_answer)
+            if not isinstance(raw_answer, str) or not raw_answer.strip():
+                raise DataError(f"{where}: field {answer_field!r} must be a non-empty string or number")
+            is_gsm8k = ("####" in raw_answer) if gsm8k_answers is None else gsm8k_answers
+            if is_gsm8k:
+                try:
+                    answer = parse_gsm8k_answer(raw_answer)
+                except ValueError as err:
+                    raise DataError(f"{where}: {err}") from None
+                solution = raw_answer.rsplit("####", 1)[0].strip()
+            else:
+                answer, solution = raw_answer.strip(), ""
+            if solution_field:
+                solution = str(row[solution_field])
+            examples.append(Example(question.strip(), answer, solution, id=f"{path.stem}:{lineno}"))
+    if not examples:
+        raise DataError(f"{path}: no examples (the file is empty)")
+    return examples
+
+
+def _gsm8k_file(split: str) -> Path:
+    return Path(str(resources.files("rlvr") / "data" / "gsm8k" / f"{split}.jsonl"))
+
+
+def gsm8k(split: str = "train", validation_size: int = GSM8K_VALIDATION_SIZE, seed: int = 0) -> list[Example]:
+    """GSM8K. "validation" is a fixed seeded subset of train; "train" is the rest, minus the few-shot examples."""
+    if split not in SPLITS:
+        raise DataError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+    if split == "test":
+        return load_jsonl(_gsm8k_file("test"))
+    rows = load_jsonl(_gsm8k_file("train"))
+    pool = [i for i in range(len(rows)) if i not in FEW_SHOT_INDICES]
+    validation = set(random.Random(seed).sample(pool, validation_size))
+    chosen = [i for i in pool if (i in validation) == (split == "validation")]
+    return [rows[i] for i in chosen]
+
+
+def few_shot_examples() -> list[Example]:
+    """The worked GSM8K training examples of the r1_zero_three_shot prompt (never trained or validated on)."""
+    rows = load_jsonl(_gsm8k_file("train"))
+    return [rows[i] for i in FEW_SHOT_INDICES]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The arithmetic task: word problems a 135M model can learn on a CPU in minutes.
+
+_NAMES = ["Sam", "Mia", "Ravi", "Lena", "Omar", "Kofi", "Ana", "Ben", "Yuki", "Zoe", "Ivan", "Nora"]
+_ITEMS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "cards", "shells", "cookies", "stamps"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ArithmeticSpec:
+    """Difficulty knob: `steps` operations on integers up to `max` (answers stay in [0, max * 10])."""
+
+    steps: int = 2
+    max: int = 20
+
+    @classmethod
+    def parse(cls, name: str) -> ArithmeticSpec:
+        """"arithmetic" or "arithmetic:steps=3,max=99"."""
+        _, _, options = name.partition(":")
+        values = {}
+        for item in filter(None, options.split(",")):
+            key, eq, value = item.partition("=")
+            key = key.strip()
+            if not eq or key not in ("steps", "max") or not value.strip().isdigit():
+                raise DataError(f"dataset {name!r}: expected options steps=<int>,max=<int>; got {item!r}")
+            values[key] = int(value)
+        spec = cls(**values)
+        if not 1 <= spec.steps <= 8 or not 2 <= spec.max <= 10**6:
+            raise DataError(f"dataset {name!r}: need 1 <= steps <= 8 and 2 <= max <= 1000000")
+        return spec
+
+
+def _arithmetic_example(rng: random.Random, spec: ArithmeticSpec, index: int) -> Example:
+    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    value = rng.randint(1, spec.max)
+    sentences = [f"{name} has {value} {item}."]
+    steps = [f"{name} starts with {value} {item}."]
+    for _ in range(spec.steps):
+        op = rng.choice(["add", "sub", "mul"] if value * 2 <= spec.max * 10 else ["add", "sub"])
+        if op == "sub" and value < 2:
+            op = "add"
+        if op == "add":
+            n = rng.randint(1, spec.max)
+            sentences.append(rng.choice([f"Then {name} finds {n} more.", f"A friend gives {name} {n} more."]))
+            steps.append(f"{value} + {n} = {value + n}.")
+            value += n
+        elif op == "sub":
+            n = rng.randint(1, value - 1)
+            sentences.append(rng.choice([f"Then {name} gives away {n}.", f"Then {name} loses {n}."]))
+            steps.append(f"{value} - {n} = {value - n}.")
+            value -= n
+        else:
+            k = rng.choice([2, 3]) if value * 3 <= spec.max * 10 else 2
+            word = {2: "doubles", 3: "triples"}[k]
+            sentences.append(f"Then {name} {word} the number of {item}.")
+            steps.append(f"{value} * {k} = {value * k}.")
+            value *= k
+    question = " ".join(sentences) + f" How many {item} does {name} have now?"
+    solution = "\n".join(steps)
+    return Example(question, str(value), solution, id=f"arithmetic:{index}")
+
+
+def arithmetic(split: str = "train", n: int | None = None, spec: ArithmeticSpec | None = None) -> list[Example]:
+    """Generated problems; each split draws from its own seeded stream, so splits never overlap by chance."""
+    if split not in SPLITS:
+        raise DataError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+    spec = spec or ArithmeticSpec()
+    n = n if n is not None else {"train": 20000, "validation": 500, "test": 1000}[split]
+    rng = random.Random(f"rlvr-arithmetic-{split}-{spec.steps}-{spec.max}")
+    return [_arithmetic_example(rng, spec, i) for i in range(n)]
+
+
+# ----------------------------------------------------------------------------------------------------
+# One entry point for every named dataset.
+
+
+def load_dataset(
+    name: str, split: str = "train", limit: int | None = None, seed: int = 0, **jsonl_fields: str
+) -> list[Example]:
+    """Examples of a named dataset (see the module docstring), at most `limit` of them."""
+    if name == "gsm8k":
+        rows = gsm8k(split, seed=seed)
+    elif name == "arithmetic" or name.startswith("arithmetic:"):
+        rows = arithmetic(split, spec=ArithmeticSpec.parse(name))
+    elif name.endswith(".jsonl") or Path(name).is_file():
+        rows = load_jsonl(name, **jsonl_fields)
+    else:
+        raise DataError(f"unknown dataset {name!r}; valid: gsm8k, arithmetic[:steps=N,max=M], or a .jsonl path")
+    if limit is not None:
+        if limit < 1:
+            raise DataError(f"limit must be >= 1; got {limit}")
+        rows = rows[:limit]
+    if not rows:
+        raise DataError(f"dataset {name!r} split {split!r} is empty")
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------
+# SFT targets in the r1_zero answer format.
+
+_CALCULATOR = re.compile(r"<<[^<>]*>>")
+
+
+def r1_zero_response(example: Example) -> str:
+    """The r1_zero-format response for supervised training: worked steps inside the think block, then
+    the answer. GSM8K's calculator annotations (<<48/2=24>>) are removed.
+
+    >>> r1_zero_response(Example("q", "72", "48/2 = <<48/2=24>>24 clips.\\n48+24 = <<48+24=72>>72."))
+    ' 48/2 = 24 clips.\\n48+24 = 72. </think> <answer> 72 </answer>'
+    """
+    steps = _CALCULATOR.sub("", example.solution).strip()
+    return f" {steps} </think> <answer> {example.answer} </answer>"

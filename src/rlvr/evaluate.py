@@ -1,0 +1,147 @@
+"""Evaluation: prompts -> completions -> rewards -> summary (seed 004 §3, problem prompting_baselines).
+
+The same `evaluate` runs `rlvr eval`, the validation of `rlvr sft` and `rlvr train`, and the demo, so every
+number in the project comes from one grading path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+from rlvr.data import Example
+from rlvr.prompts import PromptTemplate
+from rlvr.rewards import get_reward_fn, score_batch
+from rlvr.rollout import Completion, RolloutEngine, SamplingParams
+
+CATEGORIES = {
+    "format1_answer1": "correct (format 1, answer 1)",
+    "format1_answer0": "formatted, wrong answer (format 1, answer 0)",
+    "format0_answer0": "unformatted (format 0, answer 0)",
+}
+
+
+@dataclasses.dataclass
+class EvalResult:
+    records: list[dict]
+    summary: dict
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def category(record: dict) -> str:
+    return f"format{int(record['format_reward'] > 0)}_answer{int(record['answer_reward'] > 0)}"
+
+
+def summarize(records: list[dict], samples: int, seconds: float | None = None) -> dict:
+    """Accuracy, format rate, seed 004's three categories, response length, truncation and pass@k."""
+    n = len(records)
+    counts = {name: 0 for name in CATEGORIES}
+    for r in records:
+        counts[category(r)] = counts.get(category(r), 0) + 1
+    summary = {
+        "n": n,
+        "questions": n // samples,
+        "samples": samples,
+        "accuracy": sum(r["reward"] for r in records) / n,
+        "answer_rate": sum(r["answer_reward"] for r in records) / n,
+        "format_rate": sum(r["format_reward"] for r in records) / n,
+        "categories": counts,
+        "mean_response_tokens": sum(r["tokens"] for r in records) / n,
+        "max_response_tokens": max(r["tokens"] for r in records),
+        "truncated_rate": sum(r["finish_reason"] == "length" for r in records) / n,
+    }
+    if samples > 1:
+        by_question: dict[int, list[float]] = {}
+        for r in records:
+            by_question.setdefault(r["question_index"], []).append(r["reward"])
+        summary["pass_at_k"] = {
+            str(k): sum(pass_at_k(len(v), sum(x >= 1 for x in v), k) for v in by_question.values()) / len(by_question)
+            for k in range(1, samples + 1)
+        }
+    if seconds is not None:
+        summary["seconds"] = round(seconds, 2)
+        summary["completions_per_second"] = round(n / seconds, 3) if seconds > 0 else None
+    return summary
+
+
+def evaluate(
+    engine: RolloutEngine,
+    examples: list[Example],
+    prompt: PromptTemplate,
+    sampling: SamplingParams,
+    tokenizer=None,
+    reward_fn=None,
+    progress=None,
+) -> EvalResult:
+    """Generate `sampling.n` completions per example, grade them with the prompt's reward function."""
+    start = time.perf_counter()
+    reward_fn = reward_fn or get_reward_fn(prompt.reward)
+    prompts = [prompt.format(ex.question, tokenizer) for ex in examples]
+    if prompt.stop and not sampling.stop:
+        sampling = dataclasses.replace(sampling, stop=prompt.stop)
+    completions: list[Completion] = engine.generate(prompts, sampling, progress=progress)
+    truths = [examples[c.prompt_index].answer for c in completions]
+    scores, _ = score_batch(reward_fn, [c.text for c in completions], truths)
+    records = []
+    for c, s in zip(completions, scores):
+        ex = examples[c.prompt_index]
+        records.append({
+            "question_index": c.prompt_index,
+            "sample_index": c.sample_index,
+            "id": ex.id,
+            "question": ex.question,
+            "prompt": prompts[c.prompt_index],
+            "response": c.text,
+            "ground_truth": ex.answer,
+            **{k: float(v) for k, v in s.items()},
+            "tokens": len(c.token_ids),
+            "finish_reason": c.finish_reason,
+        })
+    return EvalResult(records, summarize(records, sampling.n, time.perf_counter() - start))
+
+
+def write_results(out_dir: str | Path, result: EvalResult) -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "results.jsonl").open("w", encoding="utf-8") as f:
+        for r in result.records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    (out / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n", encoding="utf-8")
+
+
+def print_summary(result: EvalResult, title: str = "evaluation", examples_per_category: int = 2, console=None) -> None:
+    """A table of the summary and a few example responses per category."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    s = result.summary
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("completions", str(s["n"]))
+    table.add_row("accuracy", f"{s['accuracy']:.3f}")
+    table.add_row("format rate", f"{s['format_rate']:.3f}")
+    for name, label in CATEGORIES.items():
+        table.add_row(label, str(s["categories"].get(name, 0)))
+    table.add_row("mean response tokens", f"{s['mean_response_tokens']:.1f}")
+    table.add_row("truncated", f"{s['truncated_rate']:.3f}")
+    for k, v in s.get("pass_at_k", {}).items():
+        table.add_row(f"pass@{k}", f"{v:.3f}")
+    if "completions_per_second" in s:
+        table.add_row("completions / s", f"{s['completions_per_second']}")
+    console.print(table)
+    for name, label in CATEGORIES.items():
+        shown = [r for r in result.records if category(r) == name][:examples_per_category]
+        for r in shown:
+            console.rule(f"[bold]{label}[/] (truth {r['ground_truth']})")
+            console.print(r["response"][-600:], markup=False, highlight=False)

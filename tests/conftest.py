@@ -1,0 +1,44 @@
+"""Tiny models and tokenizers built in the tests themselves: nothing is downloaded, everything runs on CPU."""
+
+import pytest
+import torch
+
+
+def make_tokenizer():
+    """A byte-level tokenizer with no merges: every byte is one token, so any text round-trips."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {"<pad>": 0, "<eos>": 1}
+    for ch in sorted(alphabet):
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+
+
+def make_model(vocab_size: int, seed: int = 0, layers: int = 2, hidden: int = 32):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        pad_token_id=0, eos_token_id=1, bos_token_id=None, tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = 1
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return make_tokenizer()
+
+
+@pytest.fixture
+def tiny_model(tokenizer):
+    return make_model(len(tokenizer))

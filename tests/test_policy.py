@@ -1,0 +1,87 @@
+"""tokenize_prompt_and_output, get_response_log_probs (chunked == naive), sft_microbatch_train_step."""
+
+import pytest
+import torch
+
+from rlvr.policy import get_response_log_probs, sft_microbatch_train_step, tokenize_prompt_and_output
+
+
+def test_tokenize_prompt_and_output_hand_checked(tokenizer):
+    out = tokenize_prompt_and_output(["ab", "c"], ["xyz", "pq"], tokenizer)
+    ids = lambda s: tokenizer(s, add_special_tokens=False).input_ids  # noqa: E731
+    a, b, c, x, y, z, p, q = (ids(ch)[0] for ch in "abcxyzpq")
+    pad = tokenizer.pad_token_id
+    # row 0: a b x y z (5 tokens); row 1: c p q + 2 pads; width 5 -> tensors of width 4
+    assert out["input_ids"].tolist() == [[a, b, x, y], [c, p, q, pad]]
+    assert out["labels"].tolist() == [[b, x, y, z], [p, q, pad, pad]]
+    assert out["response_mask"].tolist() == [[False, True, True, True], [True, True, False, False]]
+    assert out["response_mask"].dtype == torch.bool
+
+
+def test_tokenize_errors(tokenizer):
+    with pytest.raises(ValueError, match="prompt_strs has 2 items but output_strs has 1"):
+        tokenize_prompt_and_output(["a", "b"], ["c"], tokenizer)
+
+
+def _naive(model, input_ids, labels):
+    logits = model(input_ids=input_ids).logits
+    logp = torch.log_softmax(logits.float(), -1)
+    gathered = logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    p = logp.exp()
+    entropy = -(p * logp).sum(-1)
+    return gathered, entropy
+
+
+@pytest.mark.parametrize("chunk_elements", [1 << 25, 258 * 3, 1])
+def test_chunked_log_probs_equal_naive_values_and_gradients(tiny_model, tokenizer, chunk_elements):
+    batch = tokenize_prompt_and_output(["The sum is", "Q: 2+2?"], [" 12 </answer>", " A: 4"], tokenizer)
+    naive_lp, naive_ent = _naive(tiny_model, batch["input_ids"], batch["labels"])
+    (naive_lp * batch["response_mask"]).sum().backward()
+    naive_grads = [p.grad.clone() for p in tiny_model.parameters()]
+    tiny_model.zero_grad(set_to_none=True)
+
+    out = get_response_log_probs(tiny_model, batch["input_ids"], batch["labels"], return_token_entropy=True,
+                                 chunk_elements=chunk_elements)
+    torch.testing.assert_close(out["log_probs"], naive_lp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["token_entropy"], naive_ent.detach(), atol=1e-5, rtol=1e-5)
+    assert not out["token_entropy"].requires_grad
+    (out["log_probs"] * batch["response_mask"]).sum().backward()
+    for g, p in zip(naive_grads, tiny_model.parameters()):
+        torch.testing.assert_close(p.grad, g, atol=1e-5, rtol=1e-4)
+
+
+def test_head_never_sees_more_than_one_chunk(tiny_model, tokenizer):
+    seen = []
+    tiny_model.get_output_embeddings().register_forward_hook(lambda m, i, o: seen.append(i[0].shape[0]))
+    batch = tokenize_prompt_and_output(["x" * 40] * 3, ["y" * 30] * 3, tokenizer)
+    get_response_log_probs(tiny_model, batch["input_ids"], batch["labels"], chunk_elements=258 * 16)
+    assert seen and max(seen) <= 16 and sum(seen) == batch["input_ids"].numel()
+
+
+def test_positions_score_only_the_response(tiny_model, tokenizer):
+    batch = tokenize_prompt_and_output(["prompt one", "p2"], [" out", " longer output"], tokenizer)
+    full = get_response_log_probs(tiny_model, batch["input_ids"], batch["labels"], return_token_entropy=True)
+    part = get_response_log_probs(tiny_model, batch["input_ids"], batch["labels"], return_token_entropy=True,
+                                  positions=batch["response_mask"])
+    m = batch["response_mask"]
+    torch.testing.assert_close(part["log_probs"][m], full["log_probs"][m])
+    assert torch.equal(part["log_probs"][~m], torch.zeros_like(part["log_probs"][~m]))
+
+
+def test_fallback_for_models_without_a_plain_head(tiny_model, tokenizer, monkeypatch):
+    batch = tokenize_prompt_and_output(["abc"], [" def"], tokenizer)
+    monkeypatch.setattr(tiny_model.config, "final_logit_softcapping", 30.0, raising=False)
+    out = get_response_log_probs(tiny_model, batch["input_ids"], batch["labels"], chunk_elements=258 * 2)
+    naive_lp, _ = _naive(tiny_model, batch["input_ids"], batch["labels"])
+    torch.testing.assert_close(out["log_probs"], naive_lp, atol=1e-5, rtol=1e-5)
+
+
+def test_sft_microbatch_train_step_hand_values():
+    logp = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 0], [0, 1, 1]])
+    loss, meta = sft_microbatch_train_step(logp, mask, gradient_accumulation_steps=2, normalize_constant=4.0)
+    # per sequence: -(-3)/4 = 0.75 and -(-9.5)/4 = 2.375; mean 1.5625; / 2 steps = 0.78125
+    assert loss.item() == pytest.approx(0.78125)
+    torch.testing.assert_close(logp.grad, -mask.float() / (4.0 * 2 * 2))
+    assert meta["response_tokens"].item() == 4
+    assert meta["nll_per_token"].item() == pytest.approx((3 + 9.5) / 4)

@@ -1,0 +1,124 @@
+"""The transformers rollout engine: equals model.generate when greedy, reproducible per sample, stops right."""
+
+import math
+
+import pytest
+import torch
+
+from rlvr.rollout import HFEngine, SamplingParams, apply_repetition_penalty, sample_tokens, uniforms
+
+PROMPTS = ["Question: what is 2+3?\nAnswer:", "Hi", "A much longer prompt, so the batch needs left padding:"]
+
+
+def _hf_greedy(model, tokenizer, prompt, max_new_tokens):
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def test_greedy_matches_model_generate_with_left_padding(tiny_model, tokenizer):
+    engine = HFEngine(tiny_model, tokenizer, batch_size=8)
+    # forbid the end token so both sides generate exactly max_new_tokens
+    engine.eos_ids = [10**9]
+    out = engine.generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=12))
+    for prompt, completion in zip(PROMPTS, out):
+        assert completion.token_ids == _hf_greedy(tiny_model, tokenizer, prompt, 12)
+        assert completion.finish_reason == "length" and len(completion.token_ids) == 12
+        assert completion.text == tokenizer.decode(completion.token_ids)
+
+
+def test_samples_reproduce_per_seed_prompt_and_index_whatever_the_batch(tiny_model, tokenizer):
+    sp = SamplingParams(temperature=1.0, max_new_tokens=10, n=3, seed=7)
+    big = HFEngine(tiny_model, tokenizer, batch_size=64).generate(PROMPTS, sp)
+    small = HFEngine(tiny_model, tokenizer, batch_size=3).generate(PROMPTS[2:], sp)
+    assert [(c.prompt_index, c.sample_index) for c in big] == [(p, s) for p in range(3) for s in range(3)]
+    assert [c.token_ids for c in big[6:]] == [c.token_ids for c in small]
+    assert len({tuple(c.token_ids) for c in big[:3]}) == 3  # the samples of one prompt differ
+    other_seed = HFEngine(tiny_model, tokenizer).generate(PROMPTS, SamplingParams(max_new_tokens=10, n=3, seed=8))
+    assert [c.token_ids for c in other_seed] != [c.token_ids for c in big]
+
+
+def test_stop_string_cuts_at_first_occurrence_and_keeps_it(tiny_model, tokenizer):
+    engine = HFEngine(tiny_model, tokenizer)
+    engine.eos_ids = [10**9]
+    free = engine.generate(PROMPTS[:1], SamplingParams(temperature=0, max_new_tokens=30))[0]
+    stop = free.text[8:11]
+    assert len(stop) == 3 and stop.strip()
+    cut = engine.generate(PROMPTS[:1], SamplingParams(temperature=0, max_new_tokens=30, stop=(stop,)))[0]
+    first = free.text.find(stop)
+    assert cut.finish_reason == "stop"
+    assert cut.text == free.text[: first + len(stop)]
+    assert cut.token_ids == free.token_ids[: len(cut.token_ids)] and len(cut.token_ids) < 30
+
+
+def test_end_token_and_min_new_tokens(tiny_model, tokenizer):
+    # make the end token (id 1) overwhelmingly likely
+    tiny_model.get_output_embeddings().register_forward_hook(lambda m, i, o: o + torch.nn.functional.one_hot(
+        torch.tensor(1), o.shape[-1]).to(o.dtype) * 50)
+    engine = HFEngine(tiny_model, tokenizer)
+    quick = engine.generate(PROMPTS[:2], SamplingParams(max_new_tokens=20))
+    assert all(c.finish_reason == "stop" and c.token_ids == [1] and c.text == "" for c in quick)
+    held = engine.generate(PROMPTS[:2], SamplingParams(max_new_tokens=20, min_new_tokens=5))
+    assert all(len(c.token_ids) == 6 and c.token_ids[-1] == 1 and 1 not in c.token_ids[:5] for c in held)
+
+
+def test_logprobs_match_a_scoring_pass(tiny_model, tokenizer):
+    engine = HFEngine(tiny_model, tokenizer)
+    c = engine.generate(PROMPTS[:1], SamplingParams(max_new_tokens=8, logprobs=True, seed=3))[0]
+    ids = tokenizer(PROMPTS[0], add_special_tokens=False).input_ids + c.token_ids
+    logits = tiny_model(torch.tensor([ids])).logits[0, :-1].log_softmax(-1)
+    n = len(c.token_ids)
+    expected = logits[-n:].gather(-1, torch.tensor(c.token_ids).unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_bf16_engine_copy_follows_the_policy_after_sync(tiny_model, tokenizer):
+    engine = HFEngine(tiny_model, tokenizer, dtype="bfloat16")
+    assert engine.model is not tiny_model and next(engine.model.parameters()).dtype == torch.bfloat16
+    with torch.no_grad():
+        for p in tiny_model.parameters():
+            p.add_(0.5)
+    engine.sync_weights(tiny_model)
+    for (name, p), q in zip(tiny_model.named_parameters(), engine.model.parameters()):
+        torch.testing.assert_close(q.float(), p.detach(), atol=1e-2, rtol=1e-2)
+    assert HFEngine(tiny_model, tokenizer).model is tiny_model
+
+
+def test_sample_tokens_inverse_cdf_and_top_p():
+    probs = torch.tensor([[0.5, 0.3, 0.2]])
+    logits = probs.log()
+    pick = lambda u, top_p=1.0: sample_tokens(logits, torch.tensor([u]), 1.0, top_p).item()  # noqa: E731
+    assert [pick(0.1), pick(0.49), pick(0.51), pick(0.79), pick(0.81), pick(0.999)] == [0, 0, 1, 1, 2, 2]
+    # top_p = 0.7 keeps {0.5, 0.3} renormalised: token 0 below u = 0.625, token 1 above, never token 2
+    assert [pick(0.6, 0.7), pick(0.65, 0.7), pick(0.999, 0.7)] == [0, 1, 1]
+    assert sample_tokens(logits, torch.tensor([0.9]), 0.0, 1.0).item() == 0  # greedy
+    # temperature sharpens: at T=0.5 the probabilities are proportional to p^2 = .25 .09 .04
+    sharp = lambda u: sample_tokens(logits, torch.tensor([u]), 0.5, 1.0).item()  # noqa: E731
+    assert (sharp(0.25 / 0.38 - 0.01), sharp(0.25 / 0.38 + 0.01)) == (0, 1)
+
+
+def test_counter_based_uniforms_are_uniform_and_depend_on_key_and_step():
+    import numpy as np
+
+    keys = np.arange(20000, dtype=np.uint64)
+    u0, u1 = uniforms(keys, 0), uniforms(keys, 1)
+    assert 0.0 <= float(u0.min()) and float(u0.max()) < 1.0
+    assert abs(float(u0.mean()) - 0.5) < 0.01 and abs(float(u0.var()) - 1 / 12) < 0.003
+    assert not torch.equal(u0, u1)
+    assert torch.equal(uniforms(keys[5:6], 0), u0[5:6])
+
+
+def test_repetition_penalty_hand_values():
+    logits = torch.tensor([[2.0, -2.0, 1.0]])
+    seen = torch.tensor([[True, True, False]])
+    out = apply_repetition_penalty(logits, seen, 2.0)
+    assert out.tolist() == [[1.0, -4.0, 1.0]]
+
+
+def test_sampling_params_validation():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)
+    with pytest.raises(ValueError, match="stop must be a tuple"):
+        SamplingParams(stop="</answer>")
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        SamplingParams(max_new_tokens=4, min_new_tokens=5)
