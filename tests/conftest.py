@@ -3,6 +3,9 @@
 import pytest
 import torch
 
+# Tiny models gain nothing from threads, and two busy threads on a 2-core machine slow everything down.
+torch.set_num_threads(1)
+
 
 def make_tokenizer():
     """A byte-level tokenizer with no merges: every byte is one token, so any text round-trips."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from rlvr.config import ConfigError, EvalConfig, fields_help, load_config
+from rlvr.config import ConfigError, EvalConfig, SFTConfig, fields_help, load_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -84,6 +84,19 @@ def eval_command(ctx: typer.Context, config: Path = ConfigOption):
     try:
         run_eval(cfg)
     except (ValueError, FileNotFoundError) as err:
+        _fail(str(err))
+
+
+@app.command("sft", context_settings=_EXTRA,
+             help="Supervised fine-tuning on r1_zero-format worked solutions.\n\n" + fields_help(SFTConfig))
+def sft_command(ctx: typer.Context, config: Path = ConfigOption):
+    _setup_logging()
+    cfg = _config(SFTConfig, config, ctx)
+    from rlvr.sft import train_sft
+
+    try:
+        train_sft(cfg)
+    except (ValueError, FileNotFoundError, FileExistsError) as err:
         _fail(str(err))
 
 

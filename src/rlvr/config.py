@@ -153,3 +153,59 @@ class EvalConfig(BaseConfig):
         if self.samples > 1 and self.temperature == 0:
             raise ValueError("samples > 1 with temperature 0 gives identical samples; set temperature > 0")
         return self
+
+
+class TrainingFields(BaseConfig):
+    """Fields shared by `rlvr sft` and `rlvr train`."""
+
+    model: str = Field("SmolLM2-135M-Instruct", description="hub name, saved directory, .gguf, or the default")
+    dataset: str = Field("gsm8k", description="gsm8k | arithmetic[:steps=N,max=M] | path.jsonl")
+    prompt: str = Field("r1_zero", description="prompt template")
+    train_limit: int | None = Field(None, ge=1, description="use the first N training examples")
+    out: str = Field("runs/run", description="run directory")
+    seed: int = 0
+    # optimisation
+    learning_rate: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    adam_beta2: float = Field(0.95, ge=0, lt=1)
+    max_grad_norm: float | None = Field(1.0, gt=0, description="clip the gradient norm (None: no clipping)")
+    warmup_steps: int = Field(0, ge=0)
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine decays to learning_rate * min_lr_ratio")
+    precision: Literal["fp32", "bf16"] = Field("bf16", description="bf16 = autocast with fp32 master weights")
+    microbatch_size: int = Field(8, ge=1, description="sequences per forward/backward pass")
+    gradient_checkpointing: bool = False
+    lora_rank: int = Field(0, ge=0, description="0 = full fine-tuning")
+    lora_alpha: float | None = None
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    # validation, logging, checkpoints
+    eval_every: int = Field(10, ge=0, description="validate every N steps (0: only at the start and end)")
+    eval_limit: int = Field(200, ge=1, description="validation questions")
+    eval_max_new_tokens: int = Field(256, ge=1)
+    eval_temperature: float = Field(0.0, ge=0, description="0 = greedy validation")
+    generation_dtype: Dtype = Field("bfloat16", description="dtype of the rollout/eval engine's weight copy")
+    generation_batch_size: int = Field(64, ge=1)
+    save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
+    keep_checkpoints: int = Field(2, ge=1)
+    tensorboard: bool = True
+    wandb_project: str | None = None
+    resume: bool = Field(False, description="continue from the last checkpoint in `out`")
+
+
+class SFTConfig(TrainingFields):
+    out: str = "runs/sft"
+    steps: int = Field(100, ge=1, description="optimizer steps")
+    batch_size: int = Field(16, ge=1, description="sequences per optimizer step")
+    learning_rate: float = Field(2e-5, gt=0)
+    lr_schedule: Literal["constant", "cosine"] = "cosine"
+    warmup_steps: int = Field(5, ge=0)
+    normalize_constant: float = Field(1.0, gt=0, description="divide each sequence's summed NLL by this")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.batch_size % self.microbatch_size:
+            raise ValueError(f"batch_size={self.batch_size} is not a multiple of microbatch_size={self.microbatch_size}")
+        if self.prompt not in ("r1_zero", "r1_zero_three_shot"):
+            raise ValueError(f"prompt={self.prompt!r}: SFT targets are written in the r1_zero format; use r1_zero")
+        return self

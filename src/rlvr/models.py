@@ -116,3 +116,21 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32", device
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype)).to(device)
     model.generation_config.pad_token_id = model.generation_config.pad_token_id or model.config.eos_token_id
     return model, load_tokenizer(path)
+
+
+def prepare_for_training(model, lora_rank: int = 0, lora_alpha: float | None = None, lora_dropout: float = 0.0,
+                         lora_target: str = "all-linear", gradient_checkpointing: bool = False):
+    """Optional LoRA adapter (peft) and gradient checkpointing; returns the model to train."""
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if lora_rank > 0:
+        from peft import LoraConfig, get_peft_model
+
+        config = LoraConfig(r=lora_rank, lora_alpha=lora_alpha or 2 * lora_rank, lora_dropout=lora_dropout,
+                            target_modules=lora_target, task_type="CAUSAL_LM")
+        if gradient_checkpointing:
+            model.enable_input_require_grads()
+        model = get_peft_model(model, config)
+    model.train()
+    return model
