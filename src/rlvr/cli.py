@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from rlvr.config import ConfigError, EvalConfig, SFTConfig, fields_help, load_config
+from rlvr.config import ConfigError, EvalConfig, SFTConfig, TrainConfig, fields_help, load_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -98,6 +98,37 @@ def sft_command(ctx: typer.Context, config: Path = ConfigOption):
         train_sft(cfg)
     except (ValueError, FileNotFoundError, FileExistsError) as err:
         _fail(str(err))
+
+
+@app.command("train", context_settings=_EXTRA,
+             help="RL training (GRPO and every preset of `rlvr algorithms`).\n\n" + fields_help(TrainConfig))
+def train_command(ctx: typer.Context, config: Path = ConfigOption):
+    _setup_logging()
+    cfg = _config(TrainConfig, config, ctx)
+    from rlvr.train import train_grpo
+
+    try:
+        train_grpo(cfg)
+    except (ValueError, FileNotFoundError, FileExistsError) as err:
+        _fail(str(err))
+
+
+@app.command("algorithms")
+def algorithms_command():
+    """List the named policy-gradient algorithms and the choices each one makes."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from rlvr.estimators import PRESETS
+
+    table = Table(title="algorithms (presets of independent choices)")
+    for col in ("name", "baseline", "normaliser", "weighting", "clip", "aggregation", "steps/rollout", "summary"):
+        table.add_column(col)
+    for name, p in PRESETS.items():
+        clip = "" if p.cliprange is None and p.cliprange_high is None else f"{p.cliprange}/{p.cliprange_high or p.cliprange}"
+        table.add_row(name, p.baseline, p.advantage_normalizer, p.importance_reweighting_method, clip,
+                      p.loss_normalization, str(p.steps_per_rollout), p.summary)
+    Console().print(table)
 
 
 def main() -> None:  # pragma: no cover

@@ -209,3 +209,69 @@ class SFTConfig(TrainingFields):
         if self.prompt not in ("r1_zero", "r1_zero_three_shot"):
             raise ValueError(f"prompt={self.prompt!r}: SFT targets are written in the r1_zero format; use r1_zero")
         return self
+
+
+class TrainConfig(TrainingFields):
+    """`rlvr train`: the RL loop of seed 004 Algorithm 1 with any estimator of the preset table."""
+
+    out: str = "runs/grpo"
+    algorithm: str = Field("grpo", description="preset: grpo, dr_grpo, rft, maxrl, offpolicy_clip, ... (rlvr algorithms)")
+    steps: int = Field(20, ge=1, description="rollout batches (GRPO steps)")
+    rollout_batch_size: int = Field(32, ge=1, description="rollouts per step = questions x group_size")
+    group_size: int = Field(8, ge=1)
+    # sampling for rollouts
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(256, ge=1)
+    min_new_tokens: int = Field(0, ge=0)
+    repetition_penalty: float = Field(1.0, gt=0)
+    # the estimator: None takes the preset's value
+    baseline: Literal["mean", "none"] | None = None
+    advantage_normalizer: Literal["std", "mean", "none"] | None = None
+    advantage_eps: float = Field(1e-6, ge=0)
+    importance_reweighting_method: Literal["none", "noclip", "grpo", "gspo", "cispo"] | None = None
+    cliprange: float | None = Field(None, ge=0)
+    cliprange_high: float | None = Field(None, ge=0)
+    loss_normalization: Literal["sequence", "constant", "token"] | None = None
+    normalization_constant: float | None = Field(None, gt=0, description="constant aggregation's Z (default train batch x max_new_tokens)")
+    beta: float | None = Field(None, ge=0, description="KL penalty weight (needs a reference model)")
+    kl_estimator: Literal["k1", "k2", "k3"] | None = None
+    steps_per_rollout: int | None = Field(None, ge=1, description="optimizer steps per rollout batch (> 1: off-policy)")
+    mask_truncated_completions: bool | None = None
+    # rewards: {name: weight}; names are reward functions (r1_zero, question_only, answer_tag) or "format"
+    rewards: dict[str, float] | None = Field(None, description="weighted rewards, e.g. {r1_zero: 1.0, format: 0.2}")
+    # logging
+    log_rollouts_every: int = Field(5, ge=0, description="append the batch's rollouts to rollouts.jsonl every N steps")
+    learning_rate: float = Field(1e-5, gt=0)
+
+    @model_validator(mode="after")
+    def _resolve_preset(self):
+        from rlvr.estimators import get_preset
+
+        preset = get_preset(self.algorithm)
+        for name in ("baseline", "advantage_normalizer", "importance_reweighting_method", "cliprange",
+                     "cliprange_high", "loss_normalization", "beta", "kl_estimator", "steps_per_rollout",
+                     "mask_truncated_completions"):
+            if getattr(self, name) is None and getattr(preset, name) is not None:
+                object.__setattr__(self, name, getattr(preset, name))
+        if self.rollout_batch_size % self.group_size:
+            raise ValueError(f"rollout_batch_size={self.rollout_batch_size} is not a whole number of groups of "
+                             f"group_size={self.group_size}")
+        if self.rollout_batch_size % self.steps_per_rollout:
+            raise ValueError(f"rollout_batch_size={self.rollout_batch_size} does not split into "
+                             f"steps_per_rollout={self.steps_per_rollout} equal train batches")
+        if self.group_size == 1 and (self.baseline == "mean" or self.advantage_normalizer == "std"):
+            raise ValueError("group_size=1 needs baseline=none and advantage_normalizer!=std (algorithm=reinforce)")
+        if self.importance_reweighting_method in ("grpo", "gspo") and self.cliprange is None:
+            raise ValueError(f"importance_reweighting_method={self.importance_reweighting_method!r} needs cliprange")
+        if self.importance_reweighting_method == "cispo" and self.cliprange is None and self.cliprange_high is None:
+            raise ValueError("importance_reweighting_method='cispo' needs cliprange or cliprange_high")
+        if self.normalization_constant is None and self.loss_normalization == "constant":
+            object.__setattr__(self, "normalization_constant", float(self.train_batch_size * self.max_new_tokens))
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError("min_new_tokens must not exceed max_new_tokens")
+        return self
+
+    @property
+    def train_batch_size(self) -> int:
+        return self.rollout_batch_size // (self.steps_per_rollout or 1)

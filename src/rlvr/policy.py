@@ -10,6 +10,8 @@ the log-softmax over the model's own logits.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -19,6 +21,13 @@ from rlvr.estimators import masked_normalize
 CHUNK_ELEMENTS = 1 << 25
 # Config attributes of heads that are more than a linear map of the last hidden state.
 _SPECIAL_HEADS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def autocast(precision: str):
+    """bf16 autocast for matmuls (master weights stay fp32); a no-op for fp32."""
+    if precision == "bf16":
+        return torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def tokenize_prompt_and_output(prompt_strs: list[str], output_strs: list[str], tokenizer) -> dict[str, torch.Tensor]:

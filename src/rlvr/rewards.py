@@ -762,9 +762,14 @@ def compute_rollout_rewards(
             f"compute_rollout_rewards: rollout_responses ({len(rollout_responses)}) and repeated_ground_truths "
             f"({len(repeated_ground_truths)}) must have the same length"
         )
+    scores, grading = score_batch(reward_fn, rollout_responses, repeated_ground_truths)
+    return rewards_and_metadata(scores, grading)
+
+
+def rewards_and_metadata(scores: list[Scores], grading: dict) -> tuple:
+    """The raw-reward tensor and the metadata of `compute_rollout_rewards`, from `score_batch`'s output."""
     import torch
 
-    scores, grading = score_batch(reward_fn, rollout_responses, repeated_ground_truths)
     raw_rewards = torch.tensor([float(s["reward"]) for s in scores], dtype=torch.float32)
     keys = list(dict.fromkeys(["reward", "format_reward", "answer_reward"] + [k for s in scores for k in s]))
     metadata: dict[str, float] = {}

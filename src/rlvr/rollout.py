@@ -198,7 +198,8 @@ def preallocated_cache(reserve: int):
 
 
 def _cache_keyword(model) -> str:
-    params = inspect.signature(model.forward).parameters
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps forward(**kwargs)
+    params = inspect.signature(base.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 

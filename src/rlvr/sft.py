@@ -8,105 +8,26 @@ bottom: batch -> microbatched NLL (`sft_microbatch_train_step`) -> clip -> AdamW
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import random
 import time
 from pathlib import Path
 
 import torch
 
 from rlvr import checkpoint as ckpt
-from rlvr.config import SFTConfig, TrainingFields
-from rlvr.data import Example, load_dataset, r1_zero_response
-from rlvr.evaluate import evaluate
-from rlvr.models import load_model, prepare_for_training
-from rlvr.policy import get_response_log_probs, sft_microbatch_train_step, tokenize_prompt_and_output
-from rlvr.prompts import PromptTemplate, get_prompt
-from rlvr.rollout import HFEngine, SamplingParams
+from rlvr.config import SFTConfig
+from rlvr.data import load_dataset, r1_zero_response
+from rlvr.policy import autocast, get_response_log_probs, sft_microbatch_train_step, tokenize_prompt_and_output
+from rlvr.prompts import get_prompt
+from rlvr.rollout import HFEngine
 from rlvr.tracking import MetricsLogger
+from rlvr.training import build_optimizer, epoch_order, fmt_metrics, load_policy, start_run, validate
 
 log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------------------------------
-# Pieces shared with `rlvr train`.
-
-
-def autocast(precision: str):
-    """bf16 autocast for matmuls (master weights stay fp32); a no-op for fp32."""
-    if precision == "bf16":
-        return torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def build_optimizer(model, cfg: TrainingFields, total_steps: int):
-    """AdamW over the trainable parameters, with a warmup then constant or cosine schedule."""
-    from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                  weight_decay=cfg.weight_decay)
-    if cfg.lr_schedule == "cosine":
-        scheduler = get_cosine_with_min_lr_schedule_with_warmup(
-            optimizer, cfg.warmup_steps, total_steps, min_lr_rate=cfg.min_lr_ratio)
-    else:
-        scheduler = get_constant_schedule_with_warmup(optimizer, cfg.warmup_steps)
-    return optimizer, scheduler
-
-
-def load_policy(cfg: TrainingFields, run_dir: Path):
-    """The trainable model and tokenizer, from the last checkpoint when resuming. Returns (model, tokenizer,
-    trainer state or None)."""
-    resume_from = ckpt.latest_checkpoint(run_dir) if cfg.resume else None
-    if cfg.resume and resume_from is None:
-        log.warning("--resume: no checkpoint in %s; starting from the beginning", run_dir)
-    model, tokenizer = load_model(cfg.model)
-    model = prepare_for_training(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout,
-                                 gradient_checkpointing=cfg.gradient_checkpointing)
-    state = None
-    if resume_from is not None:
-        ckpt.load_weights_into(model, resume_from)
-        state = ckpt.load_state(resume_from)
-        log.info("resuming from %s (step %d)", resume_from, state["step"])
-    return model, tokenizer, state
-
-
-def validate(engine: HFEngine, policy, examples: list[Example], prompt: PromptTemplate, tokenizer,
-             cfg: TrainingFields, prefix: str = "val") -> tuple[dict, list[dict]]:
-    """Greedy (by default) validation through the evaluation code; returns metrics and the records."""
-    engine.sync_weights(policy)
-    sampling = SamplingParams(temperature=cfg.eval_temperature, max_new_tokens=cfg.eval_max_new_tokens,
-                              stop=prompt.stop, seed=cfg.seed)
-    result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer)
-    s = result.summary
-    metrics = {
-        f"{prefix}/accuracy": s["accuracy"],
-        f"{prefix}/format_rate": s["format_rate"],
-        f"{prefix}/mean_response_tokens": s["mean_response_tokens"],
-        f"{prefix}/truncated_rate": s["truncated_rate"],
-        f"{prefix}/seconds": s["seconds"],
-    }
-    return metrics, result.records
-
-
-def start_run(cfg: TrainingFields) -> Path:
-    run_dir = Path(cfg.out)
-    if (run_dir / "metrics.jsonl").exists() and not cfg.resume and ckpt.finished_model(run_dir) is None:
-        raise FileExistsError(f"{run_dir} already holds a run; pass resume=true to continue it or choose another out")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.save(run_dir / "config.yaml")
-    return run_dir
-
-
-# ----------------------------------------------------------------------------------------------------
 # The SFT loop.
-
-
-def _epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    order = list(range(n))
-    random.Random(f"{seed}-{epoch}").shuffle(order)
-    return order
 
 
 def train_sft(cfg: SFTConfig) -> dict:
@@ -131,12 +52,12 @@ def train_sft(cfg: SFTConfig) -> dict:
                            resume_step=step if state is not None else None)
     engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)
     accumulation = cfg.batch_size // cfg.microbatch_size
-    order = _epoch_order(len(train), cfg.seed, epoch)
+    order = epoch_order(len(train), f"sft-{cfg.seed}", epoch)
 
     if step == 0:
         metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
         logger.log(0, metrics)
-        log.info("step 0 validation: %s", _fmt(metrics))
+        log.info("step 0 validation: %s", fmt_metrics(metrics))
     from tqdm import tqdm
 
     bar = tqdm(total=cfg.steps, initial=step, desc="sft", unit="step")
@@ -146,7 +67,7 @@ def train_sft(cfg: SFTConfig) -> dict:
         while len(batch) < cfg.batch_size:
             if position >= len(order):
                 epoch, position = epoch + 1, 0
-                order = _epoch_order(len(train), cfg.seed, epoch)
+                order = epoch_order(len(train), f"sft-{cfg.seed}", epoch)
             batch.append(train[order[position]])
             position += 1
         model.train()
@@ -177,7 +98,7 @@ def train_sft(cfg: SFTConfig) -> dict:
         if cfg.eval_every and step % cfg.eval_every == 0 or step == cfg.steps:
             val_metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
             metrics.update(val_metrics)
-            log.info("step %d: %s", step, _fmt(metrics))
+            log.info("step %d: %s", step, fmt_metrics(metrics))
         logger.log(step, metrics)
         bar.update(1)
         bar.set_postfix(nll=f"{metrics['train/nll_per_token']:.3f}", s=f"{seconds:.1f}")
@@ -189,9 +110,5 @@ def train_sft(cfg: SFTConfig) -> dict:
     summary = {"steps": step, **{k: v for k, v in metrics.items() if k.startswith("val/")}}
     final = ckpt.save_final(run_dir, model, tokenizer, summary)
     logger.close()
-    log.info("SFT finished: %s; model in %s", _fmt(summary), final)
+    log.info("SFT finished: %s; model in %s", fmt_metrics(summary), final)
     return {**summary, "final": str(final)}
-
-
-def _fmt(metrics: dict) -> str:
-    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())

@@ -1,0 +1,233 @@
+"""The RL update: one optimizer step of a policy-gradient estimator on a batch of scored rollouts
+(seed 004 §4.2.4, §5.4, §6.4).
+
+`policy_gradient_update` is the whole step on one screen: prune zero-advantage rollouts, split the rest
+into microbatches of similar length, score them, per-token loss, aggregate with whole-batch normalisers,
+backward, clip, step, clear. `grpo_train_step` is the assignment's interface on top of it (it computes
+rewards and advantages itself); the training loop computes those once per rollout batch and calls
+`policy_gradient_update` for each train batch.
+
+Departures from seed 004's reference step, each keeping the gradient exactly the same:
+  1. Rollouts with zero advantage are never passed through the model (unless a KL term needs them);
+     the normalisers still count them (N sequences, all response tokens), so the gradient is unchanged.
+  2. Rows are sorted by length before being cut into microbatches and each microbatch is trimmed to its
+     longest row, so little time goes into padding.
+  3. The vocabulary projection runs only at response positions (`get_response_log_probs(positions=...)`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rlvr.estimators import (
+    aggregate_loss_across_microbatch,
+    check_choice,
+    compute_group_normalized_rewards,
+    compute_policy_gradient_loss,
+    kl_penalty,
+    LOSS_NORMALIZATIONS,
+    microbatch_loss_scale,
+)
+from rlvr.policy import autocast, get_response_log_probs, tokenize_prompt_and_output
+from rlvr.rewards import rewards_and_metadata, score_batch
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss or gradient norm was NaN/inf; the optimizer step was skipped and the gradients cleared."""
+
+
+def _microbatches(rows: list[int], lengths: torch.Tensor, size: int) -> list[list[int]]:
+    """Rows sorted by length (longest first), cut into chunks of `size`."""
+    ordered = sorted(rows, key=lambda r: -int(lengths[r]))
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+
+
+@torch.no_grad()
+def score_log_probs(model, input_ids, labels, response_mask, microbatch_size: int, precision: str = "fp32",
+                    rows: list[int] | None = None) -> torch.Tensor:
+    """Log-probs (N, T) of the response tokens under `model` without gradient (old policy, reference);
+    rows not in `rows` are left at 0."""
+    out = torch.zeros(labels.shape, dtype=torch.float32)
+    rows = list(range(labels.shape[0])) if rows is None else rows
+    widths = _row_widths(response_mask)
+    was_training = model.training
+    model.eval()
+    for mb in _microbatches(rows, widths, microbatch_size):
+        idx = torch.tensor(mb)
+        w = int(widths[idx].max())
+        with autocast(precision):
+            lp = get_response_log_probs(model, input_ids[idx, :w], labels[idx, :w], positions=response_mask[idx, :w])
+        out[idx, :w] = lp["log_probs"].float()
+    model.train(was_training)
+    return out
+
+
+def _row_widths(response_mask: torch.Tensor) -> torch.Tensor:
+    """Columns each row needs: up to and including its last response label."""
+    positions = torch.arange(1, response_mask.shape[1] + 1)
+    return (response_mask.long() * positions).max(dim=1).values.clamp(min=1)
+
+
+def policy_gradient_update(
+    model,
+    optimizer,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    response_mask: torch.Tensor,
+    advantages: torch.Tensor,
+    gradient_accumulation_steps: int,
+    max_grad_norm: float | None,
+    importance_reweighting_method: str = "none",
+    old_log_probs: torch.Tensor | None = None,
+    cliprange: float | None = None,
+    cliprange_high: float | None = None,
+    loss_normalization: str = "sequence",
+    normalization_constant: float | None = None,
+    beta: float = 0.0,
+    reference_log_probs: torch.Tensor | None = None,
+    kl_estimator: str = "k3",
+    precision: str = "fp32",
+    on_policy_ratio: bool = False,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """One optimizer step on N scored rollouts (rows of input_ids/labels/response_mask, all (N, T)).
+
+    advantages (N,): per-rollout weights. old_log_probs (N, T): log-probs under the sampling policy, or
+    `on_policy_ratio=True` to use the current policy's (detached) log-probs -- exact for the first update
+    on a fresh rollout batch, and free. reference_log_probs (N, T) with beta > 0 adds beta * KL per token.
+    Returns the whole batch's loss (the sum of the backpropagated microbatch losses) and metadata.
+    """
+    check_choice("loss_normalization", loss_normalization, LOSS_NORMALIZATIONS)
+    n = input_ids.shape[0]
+    if not (labels.shape == response_mask.shape == input_ids.shape) or advantages.shape[0] != n:
+        raise ValueError("input_ids, labels, response_mask must share one (N, T) shape and advantages be (N,)")
+    if gradient_accumulation_steps < 1:
+        raise ValueError(f"gradient_accumulation_steps must be >= 1; got {gradient_accumulation_steps}")
+    if beta > 0 and reference_log_probs is None:
+        raise ValueError("beta > 0 needs reference_log_probs")
+    if importance_reweighting_method != "none" and old_log_probs is None and not on_policy_ratio:
+        raise ValueError(f"importance_reweighting_method={importance_reweighting_method!r} needs old_log_probs")
+    if loss_normalization == "constant" and not normalization_constant:
+        raise ValueError("loss_normalization='constant' needs normalization_constant")
+    response_mask = response_mask.bool()
+    microbatch_size = math.ceil(n / gradient_accumulation_steps)
+    # whole-batch normalisers, counting the rollouts that pruning will skip
+    constant = {"constant": normalization_constant, "token": float(response_mask.sum().clamp(min=1)),
+                "sequence": None}[loss_normalization]
+    kept = [i for i in range(n) if beta > 0 or advantages[i] != 0]
+    widths = _row_widths(response_mask)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    model.train()
+    total_loss = torch.zeros(())
+    tokens = 0
+    sums = {"entropy": 0.0, "clip_fraction": 0.0, "kl": 0.0, "ratio_mean": 0.0}
+    ratio_min, ratio_max = math.inf, -math.inf
+    for mb in _microbatches(kept, widths, microbatch_size):
+        idx = torch.tensor(mb)
+        w = int(widths[idx].max())
+        mask = response_mask[idx, :w]
+        with autocast(precision):
+            scored = get_response_log_probs(model, input_ids[idx, :w], labels[idx, :w], return_token_entropy=True,
+                                            positions=mask)
+        log_probs = scored["log_probs"]
+        if not bool(torch.isfinite(log_probs[mask]).all()):
+            optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLoss("the policy's log-probs are NaN/inf (diverged weights?); step skipped, gradients cleared")
+        old = log_probs.detach() if on_policy_ratio else (old_log_probs[idx, :w] if old_log_probs is not None else None)
+        per_token, meta = compute_policy_gradient_loss(
+            advantages[idx], log_probs, importance_reweighting_method, old_log_probs=old, cliprange=cliprange,
+            response_mask=mask, cliprange_high=cliprange_high)
+        if beta > 0:
+            kl = kl_penalty(log_probs, reference_log_probs[idx, :w].to(log_probs.dtype), kl_estimator)
+            per_token = per_token + beta * kl
+            sums["kl"] += float((kl.detach() * mask).sum())
+        loss = aggregate_loss_across_microbatch(per_token, mask, loss_normalization, constant)
+        loss = loss * microbatch_loss_scale(loss_normalization, len(mb), n)
+        loss.backward()
+        total_loss += loss.detach()
+        mb_tokens = int(mask.sum())
+        tokens += mb_tokens
+        sums["entropy"] += float((scored["token_entropy"] * mask).sum())
+        if "clip_fraction" in meta:
+            sums["clip_fraction"] += float(meta["clip_fraction"]) * mb_tokens
+        if "ratio_mean" in meta:
+            sums["ratio_mean"] += float(meta["ratio_mean"]) * mb_tokens
+            ratio_min, ratio_max = min(ratio_min, float(meta["ratio_min"])), max(ratio_max, float(meta["ratio_max"]))
+
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf"))
+    if not (torch.isfinite(total_loss) and torch.isfinite(grad_norm)):
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteLoss(f"non-finite loss ({float(total_loss)}) or gradient norm ({float(grad_norm)}); "
+                            "step skipped, gradients cleared")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    per_token = max(tokens, 1)
+    metadata = {
+        "grad_norm": float(grad_norm),
+        "token_entropy": sums["entropy"] / per_token,
+        "trained_rollouts": len(kept),
+        "trained_tokens": tokens,
+        "pruned_fraction": 1 - len(kept) / n,
+        "microbatches": math.ceil(len(kept) / microbatch_size) if kept else 0,
+    }
+    if importance_reweighting_method != "none":
+        metadata.update(clip_fraction=sums["clip_fraction"] / per_token, ratio_mean=sums["ratio_mean"] / per_token,
+                        ratio_min=ratio_min if kept else 1.0, ratio_max=ratio_max if kept else 1.0)
+    if beta > 0:
+        metadata["kl"] = sums["kl"] / per_token
+    return total_loss, metadata
+
+
+def grpo_train_step(
+    model,
+    tokenizer,
+    optimizer,
+    gradient_accumulation_steps: int,
+    max_grad_norm: float | None,
+    reward_fn,
+    repeated_prompts: list[str],
+    rollout_responses: list[str],
+    repeated_ground_truths: list[str],
+    group_size: int,
+    baseline: str = "mean",
+    advantage_eps: float = 1e-6,
+    advantage_normalizer: str = "std",
+    importance_reweighting_method: str = "none",
+    old_log_probs: torch.Tensor | None = None,
+    cliprange: float | None = None,
+    loss_normalization: str = "sequence",
+    normalization_constant: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Seed 004's GRPO train step: rewards -> group-normalised advantages -> one optimizer step.
+
+    old_log_probs, when given, is aligned with `tokenize_prompt_and_output(repeated_prompts,
+    rollout_responses)` of the whole batch: one row per rollout, the batch's padded width. Returns the
+    batch loss (sum of the backpropagated microbatch losses) and metadata: grad norm (before clipping),
+    token entropy, train rewards (total, format, answer), clip fraction for the clipping methods.
+    """
+    n = len(rollout_responses)
+    if not (len(repeated_prompts) == n == len(repeated_ground_truths)):
+        raise ValueError(f"repeated_prompts ({len(repeated_prompts)}), rollout_responses ({n}) and "
+                         f"repeated_ground_truths ({len(repeated_ground_truths)}) must have the same length")
+    scores, grading = score_batch(reward_fn, rollout_responses, repeated_ground_truths)
+    raw_rewards, reward_meta = rewards_and_metadata(scores, grading)
+    advantages, adv_meta = compute_group_normalized_rewards(raw_rewards, group_size, baseline, advantage_eps,
+                                                            advantage_normalizer)
+    batch = tokenize_prompt_and_output(repeated_prompts, rollout_responses, tokenizer)
+    if old_log_probs is not None and old_log_probs.shape != batch["labels"].shape:
+        raise ValueError(f"old_log_probs has shape {tuple(old_log_probs.shape)}; the tokenized batch has "
+                         f"{tuple(batch['labels'].shape)} (one row per rollout, the batch's padded width)")
+    loss, meta = policy_gradient_update(
+        model, optimizer, batch["input_ids"], batch["labels"], batch["response_mask"], advantages,
+        gradient_accumulation_steps, max_grad_norm, importance_reweighting_method, old_log_probs, cliprange,
+        loss_normalization=loss_normalization, normalization_constant=normalization_constant)
+    meta.update({
+        "loss": float(loss),
+        "train_reward": reward_meta["reward_mean"],
+        "train_format_reward": reward_meta["format_reward_mean"],
+        "train_answer_reward": reward_meta["answer_reward_mean"],
+        **{f"advantages/{k}": float(v) for k, v in adv_meta.items()},
+    })
+    return loss, meta

@@ -1,0 +1,140 @@
+"""`rlvr train` end to end on a tiny model: every preset runs and logs every metric; kill-and-resume logs the
+same numbers; a finished run is evaluated instead of trained again."""
+
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from rlvr import train as train_module
+from rlvr.cli import app
+from rlvr.config import TrainConfig, load_config
+from rlvr.estimators import PRESETS
+from rlvr.tracking import read_jsonl
+
+
+def parity_reward(response: str, ground_truth: str) -> dict:
+    """A reward a random tiny model earns about half the time, so every group has signal."""
+    code = sum(map(ord, response))
+    r = float(code % 2)
+    return {"reward": r, "format_reward": float(code % 3 == 0), "answer_reward": r}
+
+
+@pytest.fixture
+def model_dir(tmp_path, tiny_model, tokenizer):
+    path = tmp_path / "tiny"
+    tiny_model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _parity(monkeypatch):
+    monkeypatch.setattr(train_module, "build_reward_fn", lambda cfg, name: parity_reward)
+
+
+def _cfg(model_dir, out, **kw):
+    base = dict(model=str(model_dir), dataset="arithmetic:steps=1,max=9", out=str(out), steps=3,
+                rollout_batch_size=8, group_size=4, max_new_tokens=12, microbatch_size=3, learning_rate=1e-3,
+                eval_every=2, eval_limit=2, eval_max_new_tokens=4, generation_dtype="float32", precision="fp32",
+                tensorboard=False, log_rollouts_every=2)
+    base.update(kw)
+    return load_config(TrainConfig, overrides=base)
+
+
+ALWAYS = ["train/loss", "train/grad_norm", "train/token_entropy", "train/reward", "train/format_reward",
+          "train/answer_reward", "train/frac_groups_zero_std", "train/pass@1", "train/pass@4",
+          "rollout/mean_tokens", "rollout/max_tokens", "rollout/truncated_rate", "time/generate", "time/score",
+          "time/train", "time/step", "time/generate_tokens_per_second", "time/train_tokens_per_second", "train/lr"]
+
+
+@pytest.mark.parametrize("algorithm", list(PRESETS))
+def test_every_preset_runs_three_steps_with_finite_metrics(tmp_path, model_dir, algorithm):
+    extra = {"group_size": 1, "rollout_batch_size": 8} if algorithm == "reinforce" else {}
+    summary = train_module.train_grpo(_cfg(model_dir, tmp_path / algorithm, algorithm=algorithm, **extra))
+    rows = read_jsonl(tmp_path / algorithm / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert "val/accuracy" in rows[0] and "val/accuracy" in rows[2] and "val/accuracy" in rows[3]
+    preset = PRESETS[algorithm]
+    for row in rows[1:]:
+        keys = [k for k in ALWAYS if not (extra and k == "train/pass@4")]
+        if preset.importance_reweighting_method != "none":
+            keys += ["train/clip_fraction", "train/ratio_max"]
+        assert not [k for k in keys if k not in row], f"missing {[k for k in keys if k not in row]}"
+        assert all(math.isfinite(row[k]) for k in keys)
+    assert summary["steps"] == 3 and (tmp_path / algorithm / "final" / "DONE").is_file()
+    logged = read_jsonl(tmp_path / algorithm / "rollouts.jsonl")
+    assert {r["step"] for r in logged} == {1, 2} and len(logged) == 16
+
+
+def test_off_policy_takes_several_optimizer_steps_per_rollout_batch(tmp_path, model_dir):
+    cfg = _cfg(model_dir, tmp_path / "off", algorithm="offpolicy_clip", steps=2, lr_schedule="cosine",
+               warmup_steps=0)
+    assert cfg.steps_per_rollout == 4 and cfg.train_batch_size == 2
+    train_module.train_grpo(cfg)
+    rows = read_jsonl(tmp_path / "off" / "metrics.jsonl")
+    # 8 optimizer steps in all, the cosine schedule stepped once per optimizer step
+    assert rows[2]["train/lr"] < rows[1]["train/lr"] < 1e-3
+    # after the first of the four updates the policy has moved: the importance ratios leave 1
+    assert rows[1]["train/ratio_max"] > 1.0 > rows[1]["train/ratio_min"]
+    assert rows[1]["train/pruned_fraction"] < 1.0
+
+
+def test_kl_penalty_with_a_reference_model_and_with_lora(tmp_path, model_dir):
+    train_module.train_grpo(_cfg(model_dir, tmp_path / "kl", beta=0.05, steps=2))
+    rows = read_jsonl(tmp_path / "kl" / "metrics.jsonl")
+    assert rows[1]["train/kl"] == pytest.approx(0.0, abs=1e-6) and rows[2]["train/kl"] > 0
+    train_module.train_grpo(_cfg(model_dir, tmp_path / "lora", beta=0.05, steps=2, lora_rank=4,
+                                 learning_rate=1e-2))
+    rows = read_jsonl(tmp_path / "lora" / "metrics.jsonl")
+    assert rows[2]["train/kl"] > 0
+    assert (tmp_path / "lora" / "final" / "model.safetensors").is_file()  # merged for evaluation
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/") and not k.endswith("seconds")}
+            for r in rows]
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "offpolicy_gspo"])
+def test_kill_and_resume_gives_identical_metrics(tmp_path, model_dir, monkeypatch, algorithm):
+    straight = tmp_path / "straight"
+    train_module.train_grpo(_cfg(model_dir, straight, steps=4, save_every=2, algorithm=algorithm))
+    crashed = tmp_path / "crashed"
+    original = train_module.MetricsLogger.log
+
+    def crash_at_3(self, step, metrics):
+        if step == 3:
+            raise KeyboardInterrupt("simulated kill")
+        return original(self, step, metrics)
+
+    monkeypatch.setattr(train_module.MetricsLogger, "log", crash_at_3)
+    with pytest.raises(KeyboardInterrupt):
+        train_module.train_grpo(_cfg(model_dir, crashed, steps=4, save_every=2, algorithm=algorithm))
+    monkeypatch.setattr(train_module.MetricsLogger, "log", original)
+    train_module.train_grpo(_cfg(model_dir, crashed, steps=4, save_every=2, algorithm=algorithm, resume=True))
+    assert _strip(read_jsonl(crashed / "metrics.jsonl")) == _strip(read_jsonl(straight / "metrics.jsonl"))
+    assert read_jsonl(crashed / "rollouts.jsonl") == read_jsonl(straight / "rollouts.jsonl")
+
+
+def test_finished_run_is_evaluated_not_trained(tmp_path, model_dir):
+    out = tmp_path / "done"
+    train_module.train_grpo(_cfg(model_dir, out, steps=1))
+    again = train_module.train_grpo(_cfg(model_dir, out, steps=1))
+    assert again["already_finished"] and "val/accuracy" in again
+    assert len(read_jsonl(out / "metrics.jsonl")) == 2
+
+
+def test_train_config_validation_and_cli(tmp_path, model_dir):
+    with pytest.raises(ValueError, match="not a whole number of groups"):
+        _cfg(model_dir, tmp_path / "x", rollout_batch_size=10, group_size=4)
+    with pytest.raises(ValueError, match="unknown algorithm 'ppo'"):
+        _cfg(model_dir, tmp_path / "x", algorithm="ppo")
+    with pytest.raises(ValueError, match="does not split into steps_per_rollout=3"):
+        _cfg(model_dir, tmp_path / "x", steps_per_rollout=3)
+    result = CliRunner().invoke(app, ["train", "--model", str(model_dir), "--out", str(tmp_path / "cli"),
+                                      "--dataset", "arithmetic", "steps=1", "rollout_batch_size=4", "group_size=2",
+                                      "max_new_tokens=4", "eval_limit=1", "eval_max_new_tokens=2",
+                                      "tensorboard=false", "--algorithm", "dr_grpo"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "cli" / "config.yaml").read_text().count("loss_normalization: constant") == 1
