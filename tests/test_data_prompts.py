@@ -130,3 +130,15 @@ def test_chat_prompt_uses_the_chat_template(tokenizer):
     text = get_prompt("chat").format("What is 2+2?", tok)
     assert text.startswith("<|user|>What is 2+2?") and text.endswith("<|assistant|>")
     assert "<answer></answer>" in text and get_prompt("chat").reward == "answer_tag"
+
+
+def test_jsonl_dataset_holds_out_a_fixed_validation_tenth(tmp_path):
+    path = tmp_path / "many.jsonl"
+    path.write_text("".join(f'{{"q": "question {i}?", "a": {i}}}\n' for i in range(50)))
+    fields = {"question_field": "q", "answer_field": "a"}
+    train = load_dataset(str(path), "train", **fields)
+    val = load_dataset(str(path), "validation", **fields)
+    test = load_dataset(str(path), "test", **fields)
+    assert (len(train), len(val), len(test)) == (45, 5, 50)
+    assert not {e.question for e in train} & {e.question for e in val}
+    assert [e.answer for e in load_dataset(str(path), "validation", **fields)] == [e.answer for e in val]

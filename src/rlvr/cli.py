@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from rlvr.config import ConfigError, EvalConfig, SFTConfig, TrainConfig, fields_help, load_config
+from rlvr.config import ConfigError, DemoConfig, EvalConfig, SFTConfig, TrainConfig, fields_help, load_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -46,41 +46,12 @@ def _setup_logging() -> None:
         pass
 
 
-def run_eval(cfg: EvalConfig) -> dict:
-    """Evaluate a model with one prompt on one split; write results.jsonl and summary.json; print the table."""
-    from tqdm import tqdm
-
-    from rlvr.data import load_dataset
-    from rlvr.evaluate import evaluate, print_summary, write_results
-    from rlvr.models import load_model
-    from rlvr.prompts import get_prompt
-    from rlvr.rollout import HFEngine, SamplingParams
-
-    prompt = get_prompt(cfg.prompt)
-    examples = load_dataset(cfg.dataset, cfg.split, limit=cfg.limit)
-    out = Path(cfg.out or f"runs/eval/{Path(cfg.model).name}-{cfg.prompt}-{cfg.split}")
-    out.mkdir(parents=True, exist_ok=True)
-    cfg.save(out / "config.yaml")
-    model, tokenizer = load_model(cfg.model)
-    engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size, dtype=cfg.dtype)
-    sampling = SamplingParams(
-        temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
-        repetition_penalty=cfg.repetition_penalty, stop=prompt.stop, n=cfg.samples, seed=cfg.seed,
-    )
-    with tqdm(total=len(examples) * cfg.samples, unit="completion", desc=f"eval {cfg.prompt}") as bar:
-        result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer, progress=bar.update)
-    result.summary.update(model=cfg.model, prompt=cfg.prompt, dataset=cfg.dataset, split=cfg.split)
-    write_results(out, result)
-    print_summary(result, title=f"{cfg.model} · {cfg.prompt} · {cfg.dataset}/{cfg.split}",
-                  examples_per_category=cfg.examples_per_category)
-    typer.echo(f"wrote {out}/results.jsonl and {out}/summary.json")
-    return result.summary
-
-
 @app.command("eval", context_settings=_EXTRA, help="Evaluate a model on GSM8K or another task.\n\n" + fields_help(EvalConfig))
 def eval_command(ctx: typer.Context, config: Path = ConfigOption):
     _setup_logging()
     cfg = _config(EvalConfig, config, ctx)
+    from rlvr.evaluate import run_eval
+
     try:
         run_eval(cfg)
     except (ValueError, FileNotFoundError) as err:
@@ -113,6 +84,19 @@ def train_command(ctx: typer.Context, config: Path = ConfigOption):
         _fail(str(err))
 
 
+@app.command("demo", context_settings=_EXTRA,
+             help="The whole pipeline on the default model: baseline, SFT, GRPO, before/after.\n\n" + fields_help(DemoConfig))
+def demo_command(ctx: typer.Context, config: Path = ConfigOption):
+    _setup_logging()
+    cfg = _config(DemoConfig, config, ctx)
+    from rlvr.demo import run_demo
+
+    try:
+        run_demo(cfg)
+    except (ValueError, FileNotFoundError, FileExistsError) as err:
+        _fail(str(err))
+
+
 @app.command("algorithms")
 def algorithms_command():
     """List the named policy-gradient algorithms and the choices each one makes."""
@@ -129,6 +113,123 @@ def algorithms_command():
         table.add_row(name, p.baseline, p.advantage_normalizer, p.importance_reweighting_method, clip,
                       p.loss_normalization, str(p.steps_per_rollout), p.summary)
     Console().print(table)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Experiments: sweeps of runs, and plots, reports and summaries drawn from run directories.
+
+RunDirs = typer.Argument(..., help="run directories, or directories holding runs below them (sweep roots)")
+BandOption = typer.Option("ci", "--band", help="ci: mean ± 1.96·s/√n across seeds | minmax: min to max")
+
+
+def _band(band: str) -> str:
+    if band not in ("ci", "minmax"):
+        _fail(f"--band {band!r}: expected ci or minmax")
+    return band
+
+
+def _sweep_help() -> str:
+    from rlvr.experiments import SweepConfig
+
+    return ("A grid of `rlvr train` runs (seeds x config fields) from a sweep file; restartable.\n\n"
+            "Runs one at a time or `parallel` at a time, each in <out>/<field=value,...>; finished runs are "
+            "skipped and interrupted ones resumed, so a "
+            "stopped sweep continues when started again. Overrides set sweep fields or, for any `rlvr train` "
+            "field, that field in every run (steps=5).\n\n" + fields_help(SweepConfig))
+
+
+@app.command("sweep", context_settings=_EXTRA, help=_sweep_help())
+def sweep_command(ctx: typer.Context,
+                  config: Path = typer.Option(..., "--config", "-c", help="sweep file (sweeps/*.yaml)")):
+    from rlvr.experiments import format_outcomes, format_plan, load_sweep, plan_sweep, run_sweep
+
+    try:
+        sweep = load_sweep(config, ctx.args)
+        plan = plan_sweep(sweep)
+    except ConfigError as err:
+        _fail(str(err))
+    typer.echo(format_plan(sweep, plan))
+    if sweep.dry_run:
+        if any(r.status == "changed" for r in plan):
+            _fail("some run directories hold runs of another config (status changed)")
+        return
+    try:
+        outcomes = run_sweep(sweep, plan, echo=typer.echo)
+    except ConfigError as err:
+        _fail(str(err))
+    except KeyboardInterrupt:
+        typer.secho("sweep interrupted; run the same command again to continue it", fg=typer.colors.YELLOW, err=True)
+        raise typer.Exit(130) from None
+    typer.echo(format_outcomes(outcomes))
+    logged = [r.path for r in plan if (r.path / "metrics.jsonl").is_file()]
+    if sweep.report and logged:
+        from rlvr.experiments import load_groups, summarize, write_summary
+        from rlvr.report import write_report
+
+        try:
+            csv_path, _ = write_summary(summarize(load_groups(logged)), sweep.out / "summary.csv")
+            page = write_report(logged, sweep.out / "report.html", title=f"sweep {sweep.name}")
+            typer.echo(f"wrote {csv_path} (and .json) and {page}")
+        except (ValueError, OSError) as err:
+            typer.secho(f"could not write the summary and report: {err}", fg=typer.colors.YELLOW, err=True)
+    if any(o.result == "failed" for o in outcomes):
+        raise typer.Exit(1)
+
+
+@app.command("plot")
+def plot_command(runs: list[Path] = RunDirs, out: Path = typer.Option(Path("plots"), "--out", "-o", help="directory"),
+                 band: str = BandOption):
+    """Figures (PNG and SVG) per metric with the spread across seeds, and final accuracy vs learning rate.
+
+    Runs are grouped by configuration (seed aside): each group's mean, a 95% band (or min/max), single runs faint."""
+    from rlvr.experiments import load_groups
+    from rlvr.plots import build_figures, save_figures
+
+    try:
+        groups = load_groups(runs)
+    except (FileNotFoundError, ValueError) as err:
+        _fail(str(err))
+    written = save_figures(build_figures(groups, _band(band)), out)
+    typer.echo(f"{sum(len(g.runs) for g in groups)} runs in {len(groups)} groups: wrote {len(written)} files to {out}")
+
+
+@app.command("report")
+def report_command(runs: list[Path] = RunDirs, out: Path = typer.Option(Path("report.html"), "--out", "-o"),
+                   band: str = BandOption, rollouts: int = typer.Option(2, help="sample rollouts per step shown"),
+                   title: str = typer.Option(None, help="page title")):
+    """A self-contained HTML page: configs, final numbers with their spread, plots, early and late rollouts."""
+    from rlvr.report import write_report
+
+    try:
+        page = write_report(runs, out, _band(band), rollouts, title)
+    except (FileNotFoundError, ValueError) as err:
+        _fail(str(err))
+    typer.echo(f"wrote {page}")
+
+
+@app.command("summary")
+def summary_command(runs: list[Path] = RunDirs, out: Path = typer.Option(Path("summary.csv"), "--out", "-o")):
+    """Final and best validation numbers per run and per group, as CSV and JSON.
+
+    Per group: mean, sample std, 95% half width (1.96·s/√n), min, max and n; the JSON is written next to the CSV."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from rlvr.experiments import SUMMARY_METRICS, load_groups, summarize, write_summary
+    from rlvr.report import fmt_spread
+
+    try:
+        summary = summarize(load_groups(runs))
+    except (FileNotFoundError, ValueError) as err:
+        _fail(str(err))
+    csv_path, json_path = write_summary(summary, out)
+    table = Table(title="validation numbers per group (mean ± 95% CI)")
+    for col in ("group", "n (finished)", "final accuracy", "best accuracy", "final format rate"):
+        table.add_column(col)
+    for g in summary.groups:
+        table.add_row(g.group, f"{g.n_runs} ({g.n_finished})", *(fmt_spread(g.stats[m]) for m in SUMMARY_METRICS))
+    Console().print(table)
+    typer.echo(f"wrote {csv_path} and {json_path}")
 
 
 def main() -> None:  # pragma: no cover

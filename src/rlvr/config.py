@@ -134,6 +134,8 @@ class EvalConfig(BaseConfig):
     prompt: str = Field("r1_zero", description="question_only | r1_zero | r1_zero_three_shot | chat")
     dataset: str = Field("gsm8k", description="gsm8k | arithmetic[:steps=N,max=M] | path.jsonl")
     split: Literal["train", "validation", "test"] = "test"
+    question_field: str = Field("question", description="JSONL datasets: the question's field")
+    answer_field: str = Field("answer", description="JSONL datasets: the answer's field (bare or '#### x')")
     limit: int | None = Field(None, ge=1, description="first N questions")
     samples: int = Field(1, ge=1, description="completions per question (pass@k for k <= samples)")
     temperature: float | None = Field(None, ge=0, description="default: 0 (greedy) for 1 sample, else 1.0")
@@ -162,6 +164,8 @@ class TrainingFields(BaseConfig):
     dataset: str = Field("gsm8k", description="gsm8k | arithmetic[:steps=N,max=M] | path.jsonl")
     prompt: str = Field("r1_zero", description="prompt template")
     train_limit: int | None = Field(None, ge=1, description="use the first N training examples")
+    question_field: str = Field("question", description="JSONL datasets: the question's field")
+    answer_field: str = Field("answer", description="JSONL datasets: the answer's field (bare or '#### x')")
     out: str = Field("runs/run", description="run directory")
     seed: int = 0
     # optimisation
@@ -180,7 +184,9 @@ class TrainingFields(BaseConfig):
     lora_alpha: float | None = None
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     # validation, logging, checkpoints
-    eval_every: int = Field(10, ge=0, description="validate every N steps (0: only at the start and end)")
+    eval_every: int = Field(10, ge=0, description="validate every N steps (0: never in between)")
+    eval_at_start: bool = Field(True, description="validate before the first step")
+    eval_at_end: bool = Field(True, description="validate after the last step")
     eval_limit: int = Field(200, ge=1, description="validation questions")
     eval_max_new_tokens: int = Field(256, ge=1)
     eval_temperature: float = Field(0.0, ge=0, description="0 = greedy validation")
@@ -275,3 +281,23 @@ class TrainConfig(TrainingFields):
     @property
     def train_batch_size(self) -> int:
         return self.rollout_batch_size // (self.steps_per_rollout or 1)
+
+
+class DemoConfig(BaseConfig):
+    """`rlvr demo`: baseline eval -> short SFT -> short GRPO -> final eval -> before/after table."""
+
+    model: str = "SmolLM2-135M-Instruct"
+    dataset: str = "gsm8k"
+    out: str = "runs/demo"
+    seed: int = 0
+    eval_limit: int = Field(100, ge=1, description="test questions evaluated before and after")
+    eval_max_new_tokens: int = Field(256, ge=1)
+    sft_steps: int = Field(40, ge=1)
+    sft_batch_size: int = Field(16, ge=1)
+    sft_learning_rate: float = Field(1e-4, gt=0)
+    grpo_steps: int = Field(6, ge=1)
+    grpo_algorithm: str = "grpo"
+    grpo_learning_rate: float = Field(1e-5, gt=0)
+    rollout_batch_size: int = Field(32, ge=1)
+    group_size: int = Field(8, ge=1)
+    max_new_tokens: int = Field(192, ge=1)

@@ -199,16 +199,28 @@ def arithmetic(split: str = "train", n: int | None = None, spec: ArithmeticSpec 
 # One entry point for every named dataset.
 
 
+def jsonl_fields(cfg) -> dict[str, str]:
+    """The JSONL field names a config asks for, as keyword arguments of `load_jsonl`."""
+    return {"question_field": cfg.question_field, "answer_field": cfg.answer_field}
+
+
 def load_dataset(
     name: str, split: str = "train", limit: int | None = None, seed: int = 0, **jsonl_fields: str
 ) -> list[Example]:
-    """Examples of a named dataset (see the module docstring), at most `limit` of them."""
+    """Examples of a named dataset (see the module docstring), at most `limit` of them. For a JSONL file,
+    "test" is the whole file and "validation" a fixed seeded tenth of it (at most 500 rows) that "train"
+    leaves out."""
+    if split not in SPLITS:
+        raise DataError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
     if name == "gsm8k":
         rows = gsm8k(split, seed=seed)
     elif name == "arithmetic" or name.startswith("arithmetic:"):
         rows = arithmetic(split, spec=ArithmeticSpec.parse(name))
     elif name.endswith(".jsonl") or Path(name).is_file():
         rows = load_jsonl(name, **jsonl_fields)
+        if split != "test":  # like GSM8K: a fixed seeded holdout of the file validates, the rest trains
+            held = set(random.Random(seed).sample(range(len(rows)), min(GSM8K_VALIDATION_SIZE, len(rows) // 10)))
+            rows = [r for i, r in enumerate(rows) if (i in held) == (split == "validation")]
     else:
         raise DataError(f"unknown dataset {name!r}; valid: gsm8k, arithmetic[:steps=N,max=M], or a .jsonl path")
     if limit is not None:

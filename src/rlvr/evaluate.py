@@ -12,6 +12,7 @@ import math
 import time
 from pathlib import Path
 
+from rlvr.config import EvalConfig
 from rlvr.data import Example
 from rlvr.prompts import PromptTemplate
 from rlvr.rewards import get_reward_fn, score_batch
@@ -145,3 +146,33 @@ def print_summary(result: EvalResult, title: str = "evaluation", examples_per_ca
         for r in shown:
             console.rule(f"[bold]{label}[/] (truth {r['ground_truth']})")
             console.print(r["response"][-600:], markup=False, highlight=False)
+
+
+def run_eval(cfg: EvalConfig) -> dict:
+    """Evaluate a model with one prompt on one split; write results.jsonl and summary.json; print the table."""
+    from tqdm import tqdm
+
+    from rlvr.data import jsonl_fields, load_dataset
+    from rlvr.models import load_model
+    from rlvr.prompts import get_prompt
+    from rlvr.rollout import HFEngine
+
+    prompt = get_prompt(cfg.prompt)
+    examples = load_dataset(cfg.dataset, cfg.split, limit=cfg.limit, **jsonl_fields(cfg))
+    out = Path(cfg.out or f"runs/eval/{Path(cfg.model).name}-{cfg.prompt}-{cfg.split}")
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.save(out / "config.yaml")
+    model, tokenizer = load_model(cfg.model)
+    engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size, dtype=cfg.dtype)
+    sampling = SamplingParams(
+        temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+        repetition_penalty=cfg.repetition_penalty, stop=prompt.stop, n=cfg.samples, seed=cfg.seed,
+    )
+    with tqdm(total=len(examples) * cfg.samples, unit="completion", desc=f"eval {cfg.prompt}") as bar:
+        result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer, progress=bar.update)
+    result.summary.update(model=cfg.model, prompt=cfg.prompt, dataset=cfg.dataset, split=cfg.split)
+    write_results(out, result)
+    print_summary(result, title=f"{cfg.model} · {cfg.prompt} · {cfg.dataset}/{cfg.split}",
+                  examples_per_category=cfg.examples_per_category)
+    print(f"wrote {out}/results.jsonl and {out}/summary.json")
+    return result.summary

@@ -16,7 +16,7 @@ import torch
 
 from rlvr import checkpoint as ckpt
 from rlvr.config import SFTConfig
-from rlvr.data import load_dataset, r1_zero_response
+from rlvr.data import jsonl_fields, load_dataset, r1_zero_response
 from rlvr.policy import autocast, get_response_log_probs, sft_microbatch_train_step, tokenize_prompt_and_output
 from rlvr.prompts import get_prompt
 from rlvr.rollout import HFEngine
@@ -38,8 +38,8 @@ def train_sft(cfg: SFTConfig) -> dict:
     run_dir = start_run(cfg)
     ckpt.seed_everything(cfg.seed)
     prompt = get_prompt(cfg.prompt)
-    train = load_dataset(cfg.dataset, "train", limit=cfg.train_limit, seed=cfg.seed)
-    val = load_dataset(cfg.dataset, "validation", limit=cfg.eval_limit, seed=cfg.seed)
+    train = load_dataset(cfg.dataset, "train", limit=cfg.train_limit, seed=cfg.seed, **jsonl_fields(cfg))
+    val = load_dataset(cfg.dataset, "validation", limit=cfg.eval_limit, seed=cfg.seed, **jsonl_fields(cfg))
     model, tokenizer, state = load_policy(cfg, run_dir)
     optimizer, scheduler = build_optimizer(model, cfg, cfg.steps)
     step, epoch, position = 0, 0, 0
@@ -49,12 +49,12 @@ def train_sft(cfg: SFTConfig) -> dict:
         ckpt.set_rng_state(state["rng"])
         step, epoch, position = state["step"], state["epoch"], state["position"]
     logger = MetricsLogger(run_dir, cfg.tensorboard, cfg.wandb_project, cfg.model_dump(),
-                           resume_step=step if state is not None else None)
+                           resume_step=step if state is not None else (-1 if cfg.resume else None))
     engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)
     accumulation = cfg.batch_size // cfg.microbatch_size
     order = epoch_order(len(train), f"sft-{cfg.seed}", epoch)
 
-    if step == 0:
+    if step == 0 and cfg.eval_at_start:
         metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
         logger.log(0, metrics)
         log.info("step 0 validation: %s", fmt_metrics(metrics))
@@ -95,7 +95,7 @@ def train_sft(cfg: SFTConfig) -> dict:
                    "train/grad_norm": float(grad_norm), "train/lr": lr, "train/response_tokens": tokens,
                    "train/epoch": epoch + position / len(train), "time/step_seconds": seconds,
                    "time/tokens_per_second": tokens / seconds}
-        if cfg.eval_every and step % cfg.eval_every == 0 or step == cfg.steps:
+        if cfg.eval_every and step % cfg.eval_every == 0 or (step == cfg.steps and cfg.eval_at_end):
             val_metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
             metrics.update(val_metrics)
             log.info("step %d: %s", step, fmt_metrics(metrics))

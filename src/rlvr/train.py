@@ -26,7 +26,7 @@ import torch
 
 from rlvr import checkpoint as ckpt
 from rlvr.config import TrainConfig
-from rlvr.data import load_dataset
+from rlvr.data import jsonl_fields, load_dataset
 from rlvr.estimators import compute_group_normalized_rewards
 from rlvr.evaluate import pass_at_k
 from rlvr.grpo import NonFiniteLoss, policy_gradient_update, score_log_probs
@@ -108,8 +108,8 @@ def train_grpo(cfg: TrainConfig) -> dict:
         return evaluate_finished(cfg, finished)
     run_dir = start_run(cfg)
     ckpt.seed_everything(cfg.seed)
-    train = load_dataset(cfg.dataset, "train", limit=cfg.train_limit, seed=cfg.seed)
-    val = load_dataset(cfg.dataset, "validation", limit=cfg.eval_limit, seed=cfg.seed)
+    train = load_dataset(cfg.dataset, "train", limit=cfg.train_limit, seed=cfg.seed, **jsonl_fields(cfg))
+    val = load_dataset(cfg.dataset, "validation", limit=cfg.eval_limit, seed=cfg.seed, **jsonl_fields(cfg))
     reward_fn = build_reward_fn(cfg, prompt.reward)
     model, tokenizer, state = load_policy(cfg, run_dir)
     k = cfg.steps_per_rollout
@@ -124,11 +124,11 @@ def train_grpo(cfg: TrainConfig) -> dict:
         monitor.load(state["monitor"])
         step, epoch, position = state["step"], state["epoch"], state["position"]
     logger = MetricsLogger(run_dir, cfg.tensorboard, cfg.wandb_project, cfg.model_dump(),
-                           resume_step=step if state is not None else None)
+                           resume_step=step if state is not None else (-1 if cfg.resume else None))
     engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)
     n_questions = cfg.rollout_batch_size // cfg.group_size
     order = epoch_order(len(train), f"grpo-{cfg.seed}", epoch)
-    if step == 0:
+    if step == 0 and cfg.eval_at_start:
         metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
         logger.log(0, metrics)
         log.info("step 0 validation: accuracy %.3f, format %.3f", metrics["val/accuracy"], metrics["val/format_rate"])
@@ -219,7 +219,7 @@ def train_grpo(cfg: TrainConfig) -> dict:
 
         # 4. metrics, warnings, validation, rollouts, checkpoint
         metrics = _step_metrics(cfg, completions, scores, reward_meta, adv_meta, updates, times, scheduler)
-        if cfg.eval_every and step % cfg.eval_every == 0 or step == cfg.steps:
+        if cfg.eval_every and step % cfg.eval_every == 0 or (step == cfg.steps and cfg.eval_at_end):
             t = time.perf_counter()
             val_metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
             metrics.update(val_metrics)
@@ -320,7 +320,7 @@ def evaluate_finished(cfg: TrainConfig, final: Path) -> dict:
     log.info("%s holds a finished model; evaluating it instead of training", final)
     model, tokenizer = load_model(str(final))
     engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)
-    val = load_dataset(cfg.dataset, "validation", limit=cfg.eval_limit, seed=cfg.seed)
+    val = load_dataset(cfg.dataset, "validation", limit=cfg.eval_limit, seed=cfg.seed, **jsonl_fields(cfg))
     metrics, _ = validate(engine, model, val, get_prompt(cfg.prompt), tokenizer, cfg)
     log.info("finished model: %s", ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
     return {**metrics, "final": str(final), "already_finished": True}

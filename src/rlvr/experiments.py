@@ -1,0 +1,791 @@
+"""Experiments: sweeps of `rlvr train` runs, loading run directories, and the statistics across seeds that
+`rlvr plot`, `rlvr report` and `rlvr summary` share (seed 004 §4.3: runs vary a lot between seeds, so plot
+the mean with a 95% interval mean ± 1.96·s/√n, s the sample standard deviation, n the runs at that step).
+
+A sweep file (sweeps/*.yaml):
+
+    name: on_policy_variants               # default: the file's stem
+    out: runs/sweeps/on_policy_variants    # default: runs/sweeps/<name>
+    parallel: 1                            # runs at a time, each a `rlvr train` subprocess
+    base:                                  # a train config path, or TrainConfig fields with an optional
+      config: configs/grpo_arithmetic.yaml #   `config:` path whose fields come first
+      steps: 20
+    grid:                                  # field -> values; every combination is one run
+      algorithm: [grpo, dr_grpo]
+      seed: [0, 1, 2]
+
+Each grid point runs in <out>/<field=value,...>, named from the grid fields with more than one value
+(`algorithm=dr_grpo,seed=1`). Every point's TrainConfig is validated before any run starts. A run's status:
+
+    new       nothing logged yet: train from the start
+    resume    a checkpoint exists, no final/DONE: continue with resume=true
+    restart   logs but no checkpoint (stopped before its first save): the old logs are renamed to
+              <name>.interrupted-<time> and the run starts from the beginning
+    done      final/DONE exists: skipped
+    running   another sweep process holds the run's lock: skipped
+    changed   the directory holds a run of a different config: the sweep refuses to start
+
+so a sweep can be stopped (Ctrl-C) and started again at any time. A failed run is reported and the others go on.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field
+
+from rlvr import checkpoint as ckpt
+from rlvr.config import BaseConfig, ConfigError, TrainConfig, load_config, parse_overrides
+from rlvr.tracking import read_jsonl
+
+Z95 = 1.96
+Band = Literal["ci", "minmax"]
+# Not a difference between configurations: the seed is what a group averages over; out and resume are bookkeeping.
+NOT_CONFIG = ("seed", "out", "resume")
+# Fields a preset (or another field) sets: dropped first when naming a group, since `algorithm` says it all.
+DERIVED = ("baseline", "advantage_normalizer", "importance_reweighting_method", "cliprange", "cliprange_high",
+           "loss_normalization", "beta", "kl_estimator", "steps_per_rollout", "mask_truncated_completions",
+           "normalization_constant")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Statistics: pure functions of numbers.
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Mean and spread of n values: `half_width` = 1.96·s/√n with s the sample std (NaN when n = 1)."""
+
+    mean: float
+    std: float
+    half_width: float
+    min: float
+    max: float
+    n: int
+
+    def band(self, kind: Band = "ci") -> tuple[float, float]:
+        if kind == "minmax":
+            return self.min, self.max
+        if math.isnan(self.half_width):
+            return self.mean, self.mean
+        return self.mean - self.half_width, self.mean + self.half_width
+
+    def to_dict(self) -> dict:
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
+
+
+def spread(values: Sequence[float]) -> Spread:
+    """spread([0.2, 0.4, 0.6]): mean 0.4, s = sqrt((0.04 + 0 + 0.04) / 2) = 0.2, half width 1.96·0.2/√3."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("spread of no values")
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else math.nan
+    half = Z95 * std / math.sqrt(n) if n > 1 else math.nan
+    return Spread(mean, std, half, min(values), max(values), n)
+
+
+def metric_series(metrics: list[dict], key: str) -> dict[int, float]:
+    """step -> value of one metric (finite numbers only; a step logged twice keeps its last value)."""
+    out = {}
+    for row in metrics:
+        value = row.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[int(row["step"])] = float(value)
+    return out
+
+
+def per_step_spread(series: Sequence[dict[int, float]]) -> list[tuple[int, Spread]]:
+    """The spread across runs at every step some run logged; n counts the runs that have that step."""
+    steps = sorted(set().union(*series)) if series else []
+    return [(s, spread([run[s] for run in series if s in run])) for s in steps]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Runs and groups.
+
+
+@dataclass
+class Run:
+    """One run directory, loaded: its config.yaml, metrics.jsonl and (when asked) rollouts.jsonl."""
+
+    path: Path
+    config: dict
+    metrics: list[dict]
+    rollouts: list[dict] = field(default_factory=list)
+    finished: bool = False
+    name: str = ""  # display name: the path below the runs' common parent
+
+    def series(self, key: str) -> dict[int, float]:
+        return metric_series(self.metrics, key)
+
+
+@dataclass
+class Group:
+    """Runs that share a configuration (they differ only in seed): `key` holds every field that differs
+    between the loaded runs, `label` the few that tell the groups apart."""
+
+    key: tuple[tuple[str, Any], ...]
+    label: str
+    runs: list[Run]
+    shown: tuple[str, ...] = ()  # the fields in the label
+
+    @property
+    def values(self) -> dict[str, Any]:
+        return dict(self.key)
+
+
+def _freeze(value: Any) -> Any:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
+
+
+_MISSING = "<missing>"
+
+
+def differing_fields(configs: Sequence[dict], exclude: Sequence[str] = NOT_CONFIG) -> list[str]:
+    """Config fields whose value is not the same in every config that has the field (in the order of the first
+    config). A field only some configs hold (added to TrainConfig after older runs were made) differs only
+    when the configs that hold it disagree."""
+    names: list[str] = []
+    for c in configs:
+        names += [k for k in c if k not in names]
+    return [k for k in names if k not in exclude and len({_freeze(c[k]) for c in configs if k in c}) > 1]
+
+
+def label_fields(configs: Sequence[dict], fields: Sequence[str]) -> list[str]:
+    """The smallest set of `fields` that still tells the configs apart, dropping preset-derived fields first:
+    with algorithm in [grpo, dr_grpo] the differing loss_normalization adds nothing to the label."""
+
+    def n_groups(names):
+        return len({tuple(_freeze(c.get(k, _MISSING)) for k in names) for c in configs})
+
+    keep, target = list(fields), n_groups(fields)
+    order = [f for f in fields if f in DERIVED] + [f for f in reversed(fields) if f not in DERIVED]
+    for name in order:
+        trial = [f for f in keep if f != name]
+        if trial and n_groups(trial) == target:
+            keep = trial
+    return keep
+
+
+def fmt_value(value: Any) -> str:
+    """1e-05 -> "1e-05", 0.5 -> "0.5", True -> "true", None -> "none", {a: 1} -> "{a: 1}"."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if value is None:
+        return "none"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {fmt_value(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def _sort_key(value: Any):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, 0.0, str(_freeze(value)))
+
+
+def group_runs(runs: Sequence[Run]) -> list[Group]:
+    """Group runs by every config field that differs between them except seed, out and resume; groups are
+    sorted by their values (numbers numerically), runs inside a group by seed."""
+    configs = [r.config for r in runs]
+    fields = differing_fields(configs)
+    shown = label_fields(configs, fields)
+    groups: dict[tuple, Group] = {}
+    for run in runs:
+        key = tuple((k, run.config.get(k)) for k in fields)
+        frozen = tuple(_freeze(v) for _, v in key)
+        if frozen not in groups:
+            label = ", ".join(f"{k}={fmt_value(run.config.get(k))}" for k in shown) or "all runs"
+            groups[frozen] = Group(key, label, [], tuple(shown))
+        groups[frozen].runs.append(run)
+    ordered = sorted(groups.values(), key=lambda g: [_sort_key(v) for _, v in g.key])
+    for g in ordered:
+        g.runs.sort(key=lambda r: (_sort_key(r.config.get("seed")), r.name))
+    return ordered
+
+
+# ----------------------------------------------------------------------------------------------------
+# Summary: one function computes it for `rlvr summary`, `rlvr report` and `rlvr plot`.
+
+SUMMARY_METRICS = ("final_val_accuracy", "best_val_accuracy", "final_val_format_rate")
+
+
+@dataclass
+class RunSummary:
+    run: str
+    path: str
+    group: str
+    seed: Any
+    steps_done: int
+    steps_planned: int | None
+    finished: bool
+    final_val_step: int | None
+    final_val_accuracy: float | None
+    best_val_accuracy: float | None
+    best_val_step: int | None
+    final_val_format_rate: float | None
+
+
+@dataclass
+class GroupSummary:
+    group: str
+    values: dict
+    n_runs: int
+    n_finished: int
+    seeds: list
+    stats: dict[str, Spread | None]  # SUMMARY_METRICS -> spread over the runs that have the number
+
+
+@dataclass
+class Summary:
+    runs: list[RunSummary]
+    groups: list[GroupSummary]
+
+
+def summarize_run(run: Run, group: str) -> RunSummary:
+    """Final = val/accuracy at the last validation step; best = its maximum over the run."""
+    acc = run.series("val/accuracy")
+    fmt = run.series("val/format_rate")
+    steps = [int(r["step"]) for r in run.metrics if "step" in r]
+    last = max(acc) if acc else None
+    best_step = max(acc, key=lambda s: (acc[s], -s)) if acc else None
+    return RunSummary(
+        run=run.name or run.path.name, path=str(run.path), group=group, seed=run.config.get("seed"),
+        steps_done=max(steps, default=0), steps_planned=run.config.get("steps"), finished=run.finished,
+        final_val_step=last, final_val_accuracy=acc.get(last) if acc else None,
+        best_val_accuracy=acc[best_step] if acc else None, best_val_step=best_step,
+        final_val_format_rate=fmt.get(last) if acc else None,
+    )
+
+
+def summarize(groups: Sequence[Group]) -> Summary:
+    runs, out = [], []
+    for g in groups:
+        rs = [summarize_run(r, g.label) for r in g.runs]
+        runs += rs
+        stats = {}
+        for metric in SUMMARY_METRICS:
+            values = [getattr(r, metric) for r in rs if getattr(r, metric) is not None]
+            stats[metric] = spread(values) if values else None
+        out.append(GroupSummary(g.label, {k: v for k, v in g.key}, len(rs), sum(r.finished for r in rs),
+                                [r.seed for r in rs], stats))
+    return Summary(runs, out)
+
+
+def summary_rows(summary: Summary) -> list[dict]:
+    """CSV rows: one per run (kind=run), then one per group (kind=group) with mean, std, 95% half width,
+    min and max of each summary number (the run columns hold the group mean)."""
+    rows = []
+    for r in summary.runs:
+        rows.append({"kind": "run", **asdict(r)})
+    for g in summary.groups:
+        row = {"kind": "group", "group": g.group, "n": g.n_runs, "n_finished": g.n_finished,
+               "seed": " ".join(map(str, g.seeds))}
+        for metric, s in g.stats.items():
+            d = s.to_dict() if s is not None else {}
+            row[metric] = d.get("mean")
+            for part in ("std", "half_width", "min", "max"):
+                row[f"{metric}_{'ci95' if part == 'half_width' else part}"] = d.get(part)
+        rows.append(row)
+    return rows
+
+
+def write_summary(summary: Summary, csv_path: str | Path) -> tuple[Path, Path]:
+    """Write summary.csv and summary.json (next to it)."""
+    csv_path = Path(csv_path)
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    rows = summary_rows(summary)
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    with csv_path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
+    json_path = csv_path.with_suffix(".json")
+    data = {
+        "runs": [asdict(r) for r in summary.runs],
+        "groups": [{**{k: v for k, v in asdict(g).items() if k != "stats"},
+                    "stats": {m: (s.to_dict() if s else None) for m, s in g.stats.items()}} for g in summary.groups],
+    }
+    json_path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    return csv_path, json_path
+
+
+# ----------------------------------------------------------------------------------------------------
+# Loading run directories (file I/O).
+
+
+def find_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
+    """Run directories (holding metrics.jsonl) among `paths`; a directory without one stands for the run
+    directories below it (a sweep root)."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise FileNotFoundError(f"{p} is not a directory")
+        if (p / "metrics.jsonl").is_file():
+            candidates = [p]
+        else:
+            below = sorted(m.parent for m in p.rglob("metrics.jsonl"))
+            candidates = [c for c in below if not any(other in c.parents for other in below)]  # not nested
+            if not candidates:
+                raise FileNotFoundError(f"{p} holds no run (no metrics.jsonl in it or below it)")
+        found += [c for c in candidates if c.resolve() not in {f.resolve() for f in found}]
+    return found
+
+
+def read_run_config(run_dir: Path) -> dict:
+    """config.yaml through TrainConfig (so preset fields are resolved); a config TrainConfig no longer
+    accepts (an older run, an SFT run) is read as plain YAML."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return {}
+    try:
+        return load_config(TrainConfig, path).model_dump(mode="json")
+    except (ConfigError, ValueError):
+        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+
+
+def load_run(run_dir: str | Path, rollouts: bool = False) -> Run:
+    run_dir = Path(run_dir)
+    logged = run_dir / "rollouts.jsonl"
+    return Run(path=run_dir, config=read_run_config(run_dir), metrics=read_jsonl(run_dir / "metrics.jsonl"),
+               rollouts=read_jsonl(logged) if rollouts and logged.is_file() else [],
+               finished=ckpt.finished_model(run_dir) is not None)
+
+
+def load_runs(paths: Sequence[str | Path], rollouts: bool = False) -> list[Run]:
+    dirs = find_run_dirs(paths)
+    runs = [load_run(d, rollouts) for d in dirs]
+    absolute = [d.resolve() for d in dirs]
+    root = Path(os.path.commonpath(absolute)) if len(absolute) > 1 else absolute[0].parent
+    for run, path in zip(runs, absolute):
+        run.name = str(path.relative_to(root)) if path != root else path.name
+    return runs
+
+
+def load_groups(paths: Sequence[str | Path], rollouts: bool = False) -> list[Group]:
+    return group_runs(load_runs(paths, rollouts))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sweeps: the file, the grid, the plan.
+
+
+class SweepConfig(BaseConfig):
+    """A sweep file. Command-line overrides may also set any TrainConfig field for every run (steps=5)."""
+
+    name: str | None = Field(None, description="default: the sweep file's stem")
+    base: str | dict[str, Any] = Field({}, description="train config path or TrainConfig fields")
+    grid: dict[str, list[Any]] = Field({}, description="field -> list of values")
+    out: str | None = Field(None, description="root directory of the runs (default runs/sweeps/<name>)")
+    parallel: int = Field(1, ge=1, description="runs at a time")
+    dry_run: bool = Field(False, description="print the plan and exit")
+    report: bool = Field(True, description="write summary.csv/json and report.html into out when the sweep ends")
+    prune_checkpoints: bool = Field(True, description="delete a run's checkpoints/ once it finished (final/ stays)")
+
+
+@dataclass
+class Sweep:
+    source: Path
+    name: str
+    out: Path
+    parallel: int
+    dry_run: bool
+    report: bool
+    prune_checkpoints: bool
+    base_path: Path | None
+    base_fields: dict[str, Any]
+    grid: dict[str, list[Any]]
+
+
+@dataclass
+class PlannedRun:
+    name: str
+    path: Path
+    values: dict[str, Any]
+    config: TrainConfig
+    status: str = "new"
+    detail: str = ""
+
+
+def expand_grid(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """{"a": [1, 2], "b": ["x"]} -> [{"a": 1, "b": "x"}, {"a": 2, "b": "x"}] (the last field varies fastest)."""
+    keys = list(grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+\-]+")
+
+
+def run_name(values: dict[str, Any], grid: dict[str, list[Any]]) -> str:
+    """The directory name of a grid point: the fields with more than one value, as field=value joined by
+    commas ("algorithm=dr_grpo,seed=1"); characters unsafe in a path become "_"."""
+    varying = [k for k in grid if len(grid[k]) > 1] or list(grid)
+    if not varying:
+        return "run"
+    return ",".join(f"{k}={_UNSAFE.sub('_', fmt_value(values[k]))}" for k in varying)
+
+
+def _resolve_base_path(raw: str, sweep_file: Path) -> Path:
+    for candidate in (Path(raw), sweep_file.parent / raw, sweep_file.parent.parent / raw):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"{sweep_file}: base config {raw!r} not found (looked in the current directory and next "
+                      f"to the sweep file)")
+
+
+def load_sweep(path: str | Path, overrides: list[str] | dict | None = None) -> Sweep:
+    """Read a sweep file; overrides set sweep fields (parallel=2, dry_run=true) or, for any other key that is
+    a TrainConfig field, that field in every run (steps=5)."""
+    path = Path(path)
+    extra = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
+    sweep_keys = {k: v for k, v in extra.items() if k in SweepConfig.model_fields}
+    train_keys = {k: v for k, v in extra.items() if k not in SweepConfig.model_fields}
+    bad = [k for k in train_keys if k not in TrainConfig.model_fields or k == "resume"]
+    if bad:
+        raise ConfigError(f"command line: unknown field(s) {', '.join(map(repr, bad))}; valid: the sweep fields "
+                          f"{', '.join(SweepConfig.model_fields)} or any `rlvr train` field except resume")
+    cfg = load_config(SweepConfig, path, sweep_keys)
+    base = {"config": cfg.base} if isinstance(cfg.base, str) else dict(cfg.base)
+    raw_path = base.pop("config", None)
+    base_path = _resolve_base_path(str(raw_path), path) if raw_path else None
+    for where, keys in (("base", base), ("grid", cfg.grid)):
+        unknown = [k for k in keys if k not in TrainConfig.model_fields]
+        if unknown:
+            raise ConfigError(f"{path}: {where}: unknown field(s) {', '.join(map(repr, unknown))}; valid fields: "
+                              f"{', '.join(TrainConfig.model_fields)}")
+    for k, values in cfg.grid.items():
+        if k in ("out", "resume"):
+            raise ConfigError(f"{path}: grid: field {k!r} cannot be swept (the sweep sets it for each run)")
+        if not values:
+            raise ConfigError(f"{path}: grid: field {k!r} has no values")
+        if k in train_keys:
+            raise ConfigError(f"command line: field {k!r} is swept by {path}'s grid; change the grid instead")
+    name = cfg.name or path.stem
+    return Sweep(source=path, name=name, out=Path(cfg.out or f"runs/sweeps/{name}"), parallel=cfg.parallel,
+                 dry_run=cfg.dry_run, report=cfg.report, prune_checkpoints=cfg.prune_checkpoints,
+                 base_path=base_path, base_fields={**base, **train_keys}, grid=cfg.grid)
+
+
+def _check_names(cfg: TrainConfig) -> None:
+    """What TrainConfig leaves to run time but costs nothing to check now: the prompt and the dataset."""
+    from rlvr.data import load_dataset
+    from rlvr.prompts import get_prompt
+
+    try:
+        get_prompt(cfg.prompt)
+    except ValueError as err:
+        raise ConfigError(f"field 'prompt': {err}") from None
+    try:
+        load_dataset(cfg.dataset, "validation", limit=1)
+    except (ValueError, FileNotFoundError) as err:
+        raise ConfigError(f"field 'dataset': {err}") from None
+
+
+def build_configs(sweep: Sweep) -> list[PlannedRun]:
+    """Every grid point's TrainConfig, validated; errors name the sweep file, the run and the field."""
+    points = expand_grid(sweep.grid)
+    runs, seen, checked = [], {}, set()
+    for values in points:
+        name = run_name(values, sweep.grid)
+        if name in seen:
+            raise ConfigError(f"{sweep.source}: grid points {seen[name]} and {values} both map to directory {name!r}")
+        seen[name] = values
+        path = sweep.out / name
+        try:
+            cfg = load_config(TrainConfig, sweep.base_path,
+                              {**sweep.base_fields, **values, "out": str(path), "resume": False})
+            if (cfg.prompt, cfg.dataset) not in checked:
+                _check_names(cfg)
+                checked.add((cfg.prompt, cfg.dataset))
+        except ConfigError as err:
+            raise ConfigError(f"{sweep.source}: run {name}: {err}") from None
+        runs.append(PlannedRun(name, path, values, cfg))
+    return runs
+
+
+LOCK = ".sweep.lock"
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether `pid` is a live `rlvr` process (a stale lock's pid may since belong to something else)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    try:
+        return b"rlvr" in cmdline.read_bytes() if cmdline.parent.is_dir() else True
+    except OSError:
+        return True
+
+
+def _config_changes(run_dir: Path, cfg: TrainConfig) -> list[str]:
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return []
+    old = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    new = cfg.model_dump(mode="json")
+    return [f"{k}: {fmt_value(old[k])} in the run dir, {fmt_value(new[k])} in the sweep"
+            for k in new if k in old and k not in ("out", "resume") and _freeze(old[k]) != _freeze(new[k])]
+
+
+def run_status(run_dir: Path, cfg: TrainConfig) -> tuple[str, str]:
+    """(status, detail) of one planned run from what its directory holds; see the module docstring."""
+    lock = run_dir / LOCK
+    if lock.is_file():
+        try:
+            pid = int(json.loads(lock.read_text(encoding="utf-8"))["pid"])
+        except (ValueError, KeyError, TypeError):
+            pid = -1
+        if pid > 0 and _pid_alive(pid):
+            return "running", f"pid {pid}"
+    done = ckpt.finished_model(run_dir) is not None
+    checkpoint = ckpt.latest_checkpoint(run_dir)
+    if done or checkpoint is not None:
+        changes = _config_changes(run_dir, cfg)
+        if changes:
+            return "changed", "; ".join(changes)
+    if done:
+        return "done", ""
+    if checkpoint is not None:
+        return "resume", f"from {checkpoint.name}"
+    if (run_dir / "metrics.jsonl").is_file() or (run_dir / "rollouts.jsonl").is_file():
+        return "restart", "logs but no checkpoint: start again"
+    return "new", ""
+
+
+def plan_sweep(sweep: Sweep) -> list[PlannedRun]:
+    runs = build_configs(sweep)
+    for r in runs:
+        r.status, r.detail = run_status(r.path, r.config)
+    return runs
+
+
+def format_plan(sweep: Sweep, plan: Sequence[PlannedRun]) -> str:
+    counts = {s: sum(r.status == s for r in plan) for s in dict.fromkeys(r.status for r in plan)}
+    width = max((len(str(r.path)) for r in plan), default=0)
+    lines = [f"sweep {sweep.name} ({sweep.source}): {len(plan)} runs in {sweep.out}, {sweep.parallel} at a time"]
+    lines += [f"  {r.status:<8} {str(r.path):<{width}}  {r.detail}".rstrip() for r in plan]
+    lines.append("  " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sweeps: running (subprocesses).
+
+
+@dataclass
+class RunOutcome:
+    name: str
+    path: Path
+    status: str  # the planned status
+    result: str  # done | skipped | failed | interrupted
+    returncode: int | None = None
+    seconds: float = 0.0
+    val_accuracy: float | None = None
+
+
+@dataclass
+class _Active:
+    run: PlannedRun
+    proc: subprocess.Popen
+    log: Any
+    start: float
+    index: int
+
+
+def child_env(parallel: int, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a `rlvr train` subprocess: the cores shared between the runs at a time (or one
+    thread when this process runs torch on one), unbuffered output for the log file."""
+    env = dict(os.environ if base is None else base)
+    if "OMP_NUM_THREADS" not in env:
+        threads = max(1, (os.cpu_count() or 1) // parallel)
+        if "torch" in sys.modules and sys.modules["torch"].get_num_threads() == 1:
+            threads = 1
+        if parallel > 1 or threads == 1:
+            env["OMP_NUM_THREADS"] = str(threads)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _prepare(run: PlannedRun) -> Path:
+    """Write the run's launch config (run.yaml); for a restart, rename the old logs to <name>.interrupted-<time>."""
+    run.path.mkdir(parents=True, exist_ok=True)
+    if run.status == "restart":
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for name in ("metrics.jsonl", "rollouts.jsonl", "metrics.discarded.jsonl", "rollouts.discarded.jsonl", "tb"):
+            if (run.path / name).exists():
+                os.replace(run.path / name, run.path / f"{name}.interrupted-{stamp}")
+    cfg = run.config.model_copy(update={"resume": run.status == "resume"})
+    launch = run.path / "run.yaml"
+    cfg.save(launch)
+    return launch
+
+
+def _progress(run: PlannedRun) -> str:
+    try:
+        rows = read_jsonl(run.path / "metrics.jsonl")
+    except (FileNotFoundError, ValueError):
+        return "starting"
+    if not rows:
+        return "starting"
+    acc = metric_series(rows, "val/accuracy")
+    last = f", val/accuracy {acc[max(acc)]:.3f} at step {max(acc)}" if acc else ""
+    return f"step {rows[-1]['step']}/{run.config.steps}{last}"
+
+
+def _final_accuracy(run_dir: Path) -> float | None:
+    done = run_dir / "final" / "DONE"
+    try:
+        value = json.loads(done.read_text(encoding="utf-8")).get("val/accuracy")
+    except (FileNotFoundError, ValueError):
+        return None
+    return value if isinstance(value, (int, float)) else None
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+def _default_sigint() -> None:
+    """In the child before exec: Ctrl-C stops a run even when this process was started with SIGINT ignored
+    (a background job), since the sweep relays it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _start(run: PlannedRun, index: int, total: int, env: dict, echo: Callable[[str], None]) -> _Active:
+    launch = _prepare(run)
+    log_path = run.path / "train.log"
+    log = log_path.open("a", encoding="utf-8")
+    log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} sweep: {run.status} ===\n")
+    log.flush()
+    proc = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", "--config", str(launch)],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
+                            preexec_fn=_default_sigint if os.name == "posix" else None)
+    (run.path / LOCK).write_text(json.dumps({"pid": proc.pid, "sweep_pid": os.getpid()}), encoding="utf-8")
+    echo(f"[{index}/{total}] start {run.name} ({run.status}); log: {log_path}")
+    return _Active(run, proc, log, time.monotonic(), index)
+
+
+def _finish(a: _Active, total: int, echo: Callable[[str], None], prune: bool) -> RunOutcome:
+    a.log.close()
+    (a.run.path / LOCK).unlink(missing_ok=True)
+    seconds = time.monotonic() - a.start
+    code = a.proc.returncode
+    ok = code == 0 and ckpt.finished_model(a.run.path) is not None
+    outcome = RunOutcome(a.run.name, a.run.path, a.run.status, "done" if ok else "failed", code, seconds,
+                         _final_accuracy(a.run.path))
+    if ok and prune:
+        shutil.rmtree(a.run.path / "checkpoints", ignore_errors=True)  # final/ holds the model
+    if ok:
+        acc = "" if outcome.val_accuracy is None else f": val/accuracy {outcome.val_accuracy:.3f}"
+        echo(f"[{a.index}/{total}] done  {a.run.name} in {seconds / 60:.1f} min{acc}")
+    else:
+        echo(f"[{a.index}/{total}] FAILED {a.run.name} (exit {code}) after {seconds / 60:.1f} min; "
+             f"end of {a.run.path / 'train.log'}:\n{_tail(a.run.path / 'train.log')}")
+    return outcome
+
+
+def _stop_all(active: list[_Active], echo: Callable[[str], None]) -> list[RunOutcome]:
+    """Ctrl-C: the children got the same SIGINT from the terminal (sent again here in case they did not); give
+    them time to stop, then SIGTERM, then SIGKILL. Checkpoints are written atomically, so any of these is safe."""
+    for a in active:
+        if a.proc.poll() is None:
+            a.proc.send_signal(signal.SIGINT)
+    outcomes = []
+    for a in active:
+        for escalate in (a.proc.terminate, a.proc.kill, None):
+            try:
+                a.proc.wait(timeout=10)
+                break
+            except subprocess.TimeoutExpired:
+                if escalate is not None:
+                    escalate()
+        a.log.close()
+        (a.run.path / LOCK).unlink(missing_ok=True)
+        outcomes.append(RunOutcome(a.run.name, a.run.path, a.run.status, "interrupted", a.proc.returncode,
+                                   time.monotonic() - a.start))
+        echo(f"stopped {a.run.name}")
+    return outcomes
+
+
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run_sweep(sweep: Sweep, plan: Sequence[PlannedRun], echo: Callable[[str], None] = print,
+              env: dict[str, str] | None = None, poll_seconds: float = 1.0,
+              progress_seconds: float = 120.0) -> list[RunOutcome]:
+    """Run the planned runs that are not done, `sweep.parallel` at a time, each as `python -m rlvr.cli train
+    --config <run>/run.yaml` with its output in <run>/train.log. A failed run does not stop the others.
+    KeyboardInterrupt stops the running children and propagates; starting the sweep again continues."""
+    changed = [r for r in plan if r.status == "changed"]
+    if changed:
+        raise ConfigError(f"{sweep.source}: these run directories hold runs of another config; delete them or "
+                          "choose another out:\n" + "\n".join(f"  {r.path}: {r.detail}" for r in changed))
+    todo = [r for r in plan if r.status in ("new", "resume", "restart")]
+    outcomes = [RunOutcome(r.name, r.path, r.status, "skipped") for r in plan if r not in todo]
+    for o in outcomes:
+        echo(f"skip {o.name} ({o.status})")
+    env = child_env(sweep.parallel, env)
+    pending, active = list(enumerate(todo, start=1)), []
+    last_progress = time.monotonic()
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # `kill` stops the children too
+    try:
+        while pending or active:
+            while pending and len(active) < sweep.parallel:
+                index, run = pending.pop(0)
+                active.append(_start(run, index, len(todo), env, echo))
+            time.sleep(poll_seconds)
+            for a in [a for a in active if a.proc.poll() is not None]:
+                active.remove(a)
+                outcomes.append(_finish(a, len(todo), echo, sweep.prune_checkpoints))
+            if active and time.monotonic() - last_progress >= progress_seconds:
+                last_progress = time.monotonic()
+                for a in active:
+                    echo(f"    {a.run.name}: {_progress(a.run)} ({(time.monotonic() - a.start) / 60:.1f} min)")
+    except KeyboardInterrupt:
+        _stop_all(active, echo)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return outcomes
+
+
+def format_outcomes(outcomes: Sequence[RunOutcome]) -> str:
+    lines = []
+    for o in outcomes:
+        acc = "" if o.val_accuracy is None else f"val/accuracy {o.val_accuracy:.3f}"
+        took = f"{o.seconds / 60:.1f} min" if o.seconds else ""
+        lines.append(f"  {o.result:<8} {o.name:<40} {took:>9}  {acc}".rstrip())
+    failed = sum(o.result == "failed" for o in outcomes)
+    lines.append(f"  {len(outcomes)} runs: {sum(o.result == 'done' for o in outcomes)} ran, "
+                 f"{sum(o.result == 'skipped' for o in outcomes)} skipped, {failed} failed")
+    return "\n".join(lines)

@@ -1,0 +1,438 @@
+"""Experiments: grouping runs and the spread across seeds (hand-computed), summary CSV/JSON, plots, the HTML
+report, and sweeps (grid expansion, validation, dry-run statuses, one real sweep of two tiny runs)."""
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from rlvr import experiments as ex
+from rlvr.cli import app
+from rlvr.config import ConfigError, TrainConfig
+from rlvr.plots import FIGURES, build_figures, lr_figure
+from rlvr.report import fmt_spread, sample_rollouts
+
+# ----------------------------------------------------------------------------------------------------
+# Synthetic run directories: 2 algorithms x 3 seeds, validation at steps 0, 2, 4.
+
+VAL = {  # (algorithm, seed) -> val/accuracy at steps 0, 2, 4 (dr_grpo seed 2 stopped after step 2)
+    ("grpo", 0): [0.1, 0.3, 0.5],
+    ("grpo", 1): [0.2, 0.4, 0.6],
+    ("grpo", 2): [0.3, 0.8, 0.7],
+    ("dr_grpo", 0): [0.1, 0.2, 0.2],
+    ("dr_grpo", 1): [0.1, 0.3, 0.4],
+    ("dr_grpo", 2): [0.1, 0.3],
+}
+SCRIPT = "<script>alert('x')</script> & <answer> 7 </answer>"
+
+
+def write_run(path, algorithm="grpo", seed=0, val=(0.1, 0.2, 0.3), finished=True, kl=False, **cfg):
+    path.mkdir(parents=True)
+    TrainConfig(algorithm=algorithm, seed=seed, out=str(path), steps=4, tensorboard=False, **cfg).save(
+        path / "config.yaml")
+    rows = []
+    last = 2 * (len(val) - 1)
+    for step in range(last + 1):
+        row = {"step": step, "time": 1000.0 + step}
+        if step > 0:  # step 0 holds only validation metrics, as in `rlvr train`
+            row.update({"train/loss": 0.1 * step + seed, "train/grad_norm": 1.0 + step, "train/token_entropy": 2.0,
+                        "train/reward": 0.1 * step, "train/format_reward": 0.5, "rollout/mean_tokens": 30.0 + seed})
+            if kl:
+                row["train/kl"] = 0.01 * step
+        if step % 2 == 0:
+            row.update({"val/accuracy": val[step // 2], "val/format_rate": 0.9 - 0.1 * (step // 2),
+                        "val/mean_response_tokens": 40.0 + step})
+        rows.append(row)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rollouts = [{"step": step, "question": f"q{step}-{i // 2}", "ground_truth": "7",
+                 "response": SCRIPT if (step, i) == (last - 1, 0) else f"response {step}-{i}",
+                 "reward": float(i % 2), "format_reward": 1.0, "answer_reward": float(i % 2), "advantage": 0.5,
+                 "tokens": 12, "finish_reason": "stop", "sample_index": i % 2}
+                for step in (1, last - 1) for i in range(4)]
+    (path / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rollouts))
+    if finished:
+        (path / "final").mkdir()
+        (path / "final" / "DONE").write_text(json.dumps({"val/accuracy": val[-1]}))
+    return path
+
+
+@pytest.fixture
+def sweep_root(tmp_path):
+    root = tmp_path / "sweep"
+    for (algorithm, seed), val in VAL.items():
+        write_run(root / f"algorithm={algorithm},seed={seed}", algorithm, seed, val,
+                  finished=len(val) == 3, kl=algorithm == "dr_grpo" and seed == 0)
+    return root
+
+
+def half_width(values):
+    n = len(values)
+    mean = sum(values) / n
+    s = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return 1.96 * s / math.sqrt(n)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Statistics and grouping.
+
+
+def test_spread_is_mean_plus_minus_1_96_sample_std_over_root_n():
+    s = ex.spread([0.5, 0.6, 0.7])
+    # mean 0.6; s^2 = (0.01 + 0 + 0.01) / (3 - 1) = 0.01, s = 0.1; half width = 1.96 * 0.1 / sqrt(3) = 0.113161
+    assert s.mean == pytest.approx(0.6) and s.std == pytest.approx(0.1)
+    assert s.half_width == pytest.approx(0.1131607, abs=1e-6)
+    assert s.band("ci") == pytest.approx((0.6 - 0.1131607, 0.6 + 0.1131607), abs=1e-6)
+    assert s.band("minmax") == (0.5, 0.7) and s.n == 3
+    one = ex.spread([0.4])  # a single run has no spread: no band, not a zero-width lie in the tables
+    assert math.isnan(one.std) and math.isnan(one.half_width) and one.band() == (0.4, 0.4)
+    assert fmt_spread(one) == "0.400 (n=1)" and fmt_spread(s) == "0.600 ± 0.113"
+
+
+def test_per_step_spread_counts_only_the_runs_that_have_the_step():
+    series = [{0: 0.1, 2: 0.2, 4: 0.2}, {0: 0.1, 2: 0.3, 4: 0.4}, {0: 0.1, 2: 0.3}]
+    stats = dict(ex.per_step_spread(series))
+    assert list(stats) == [0, 2, 4]
+    assert stats[0].mean == pytest.approx(0.1) and stats[0].half_width == pytest.approx(0.0)
+    # step 2: (0.2 + 0.3 + 0.3) / 3 = 0.26667; s^2 = (0.0044444 + 0.0011111 + 0.0011111) / 2 = 0.0033333
+    assert stats[2].mean == pytest.approx(0.8 / 3) and stats[2].std == pytest.approx(math.sqrt(0.01 / 3))
+    assert stats[2].half_width == pytest.approx(1.96 * math.sqrt(0.01 / 3) / math.sqrt(3))
+    # step 4: two runs, 0.2 and 0.4: mean 0.3, s = sqrt(0.01 + 0.01) = 0.141421, half width 1.96 * 0.141421 / sqrt(2)
+    assert stats[4].n == 2 and stats[4].mean == pytest.approx(0.3)
+    assert stats[4].half_width == pytest.approx(0.196)
+
+
+def test_metric_series_skips_missing_and_non_finite_values():
+    rows = [{"step": 0, "val/accuracy": 0.5}, {"step": 1, "train/loss": 2.0}, {"step": 2, "val/accuracy": None},
+            {"step": 3, "val/accuracy": float("nan")}, {"step": 4, "val/accuracy": 1}]
+    assert ex.metric_series(rows, "val/accuracy") == {0: 0.5, 4: 1.0}
+
+
+def test_runs_are_grouped_by_the_fields_that_differ_except_seed(sweep_root):
+    runs = ex.load_runs([sweep_root])
+    assert len(runs) == 6
+    assert {r.name for r in runs} == {f"algorithm={a},seed={s}" for a, s in VAL}
+    groups = ex.group_runs(runs)
+    assert [g.label for g in groups] == ["algorithm=dr_grpo", "algorithm=grpo"]
+    assert [[r.config["seed"] for r in g.runs] for g in groups] == [[0, 1, 2], [0, 1, 2]]
+    # the preset's choices differ too and stay in the key, but `algorithm` alone names the group
+    assert set(dict(groups[0].key)) == {"algorithm", "advantage_normalizer", "loss_normalization",
+                                        "normalization_constant"}
+    assert groups[0].values["loss_normalization"] == "constant" and groups[1].values["advantage_normalizer"] == "std"
+    assert [r.finished for r in groups[0].runs] == [True, True, False]
+    # two fields that vary independently both name the groups
+    configs = [{"learning_rate": lr, "prompt": p, "seed": s, "out": f"{lr}{p}{s}"}
+               for lr in (1e-5, 3e-5) for p in ("a", "b") for s in (0, 1)]
+    assert ex.differing_fields(configs) == ["learning_rate", "prompt"]
+    assert ex.label_fields(configs, ["learning_rate", "prompt"]) == ["learning_rate", "prompt"]
+    # a field that older runs lack (added to TrainConfig later) does not split them from newer ones by itself
+    assert ex.differing_fields([{"a": 1, "b": True, "seed": 0}, {"a": 1, "seed": 1}, {"a": 2, "b": True}]) == ["a"]
+
+
+def test_summary_final_and_best_per_run_and_group_mean_and_interval(sweep_root, tmp_path):
+    summary = ex.summarize(ex.load_groups([sweep_root]))
+    by_run = {r.run: r for r in summary.runs}
+    r = by_run["algorithm=grpo,seed=2"]
+    assert (r.final_val_accuracy, r.final_val_step, r.best_val_accuracy, r.best_val_step) == (0.7, 4, 0.8, 2)
+    assert r.final_val_format_rate == pytest.approx(0.7) and r.steps_done == 4 and r.finished
+    r = by_run["algorithm=dr_grpo,seed=2"]  # stopped early: its last validation is step 2
+    assert (r.final_val_accuracy, r.final_val_step, r.steps_done, r.finished) == (0.3, 2, 2, False)
+
+    grpo, dr = {g.group: g for g in summary.groups}["algorithm=grpo"], summary.groups[0]
+    # grpo final [0.5, 0.6, 0.7]: mean 0.6, s = 0.1, half width 1.96 * 0.1 / sqrt(3) = 0.113161
+    assert grpo.stats["final_val_accuracy"].mean == pytest.approx(0.6)
+    assert grpo.stats["final_val_accuracy"].half_width == pytest.approx(1.96 * 0.1 / math.sqrt(3))
+    # grpo best [0.5, 0.6, 0.8]: mean 0.63333; deviations -0.13333, -0.03333, 0.16667 -> s^2 = 0.046667 / 2
+    assert grpo.stats["best_val_accuracy"].mean == pytest.approx(1.9 / 3)
+    assert grpo.stats["best_val_accuracy"].std == pytest.approx(math.sqrt(0.046666667 / 2))
+    assert grpo.stats["best_val_accuracy"].half_width == pytest.approx(half_width([0.5, 0.6, 0.8]))
+    assert grpo.stats["best_val_accuracy"].half_width == pytest.approx(0.172855, abs=1e-6)
+    # dr_grpo final [0.2, 0.4, 0.3] (the last one from step 2): mean 0.3, s = 0.1
+    assert dr.stats["final_val_accuracy"].mean == pytest.approx(0.3)
+    assert dr.stats["final_val_accuracy"].half_width == pytest.approx(0.1131607, abs=1e-6)
+    assert (dr.n_runs, dr.n_finished, dr.seeds) == (3, 2, [0, 1, 2])
+
+    csv_path, json_path = ex.write_summary(summary, tmp_path / "out" / "summary.csv")
+    assert json_path == tmp_path / "out" / "summary.json"
+    rows = list(csv.DictReader(csv_path.open()))
+    assert [r["kind"] for r in rows] == ["run"] * 6 + ["group"] * 2
+    run_row = next(r for r in rows if r["run"] == "algorithm=grpo,seed=2")
+    assert (run_row["final_val_accuracy"], run_row["best_val_accuracy"], run_row["seed"]) == ("0.7", "0.8", "2")
+    assert run_row["group"] == "algorithm=grpo" and run_row["finished"] == "True"
+    group_row = next(r for r in rows if r["kind"] == "group" and r["group"] == "algorithm=grpo")
+    assert float(group_row["final_val_accuracy"]) == pytest.approx(0.6)
+    assert float(group_row["final_val_accuracy_ci95"]) == pytest.approx(0.1131607, abs=1e-6)
+    assert float(group_row["final_val_accuracy_std"]) == pytest.approx(0.1)
+    assert (group_row["final_val_accuracy_min"], group_row["final_val_accuracy_max"], group_row["n"]) == (
+        "0.5", "0.7", "3")
+    data = json.loads(json_path.read_text())
+    assert len(data["runs"]) == 6
+    stats = {g["group"]: g["stats"] for g in data["groups"]}
+    assert stats["algorithm=dr_grpo"]["final_val_accuracy"]["mean"] == pytest.approx(0.3)
+    assert stats["algorithm=grpo"]["best_val_accuracy"]["max"] == 0.8
+
+
+# ----------------------------------------------------------------------------------------------------
+# Plots, report and the commands.
+
+
+def test_plot_command_writes_png_and_svg_for_the_metrics_present(sweep_root, tmp_path):
+    out = tmp_path / "plots"
+    result = CliRunner().invoke(app, ["plot", str(sweep_root), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    present = {"loss", "grad_norm", "token_entropy", "train_reward", "val_reward", "val_response_length",
+               "train_response_length", "kl"}
+    assert {p.name for p in out.iterdir()} == {f"{n}.{e}" for n in present for e in ("png", "svg")}
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "<svg" in (out / "kl.svg").read_text()[:1000]
+    # no run logged a clip fraction and the learning rate is the same everywhere: no such figures
+    assert {f.name for f in FIGURES} - present == {"clip_fraction"}
+    result = CliRunner().invoke(app, ["plot", str(sweep_root), "--out", str(out), "--band", "bogus"])
+    assert result.exit_code == 2 and "ci or minmax" in result.output
+
+
+def test_figure_draws_group_means_and_bands(sweep_root):
+    groups = ex.load_groups([sweep_root])
+    fig = build_figures(groups, "minmax")["val_reward"]
+    ax = fig.axes[0]  # val/accuracy: per group 3 faint runs, then the mean line
+    dr_mean = [line for line in ax.lines if line.get_label().startswith("algorithm=dr_grpo")][0]
+    assert list(dr_mean.get_xdata()) == [0, 2, 4]
+    assert list(dr_mean.get_ydata()) == pytest.approx([0.1, (0.2 + 0.3 + 0.3) / 3, 0.3])
+    assert dr_mean.get_label() == "algorithm=dr_grpo (n=3)"
+    assert len(fig.axes) == 2 and fig.axes[1].get_ylabel() == "format reward"
+
+
+def test_final_accuracy_against_learning_rate(tmp_path):
+    finals = {1e-5: [0.2, 0.4], 1e-4: [0.5, 0.7]}
+    for lr, values in finals.items():
+        for seed, final in enumerate(values):
+            write_run(tmp_path / f"lr={lr},seed={seed}", seed=seed, val=(0.1, final), learning_rate=lr)
+    groups = ex.load_groups([tmp_path])
+    assert [g.label for g in groups] == ["learning_rate=1e-05", "learning_rate=0.0001"]
+    fig = lr_figure(groups)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log"
+    assert list(ax.lines[0].get_xdata()) == [1e-5, 1e-4]
+    assert list(ax.lines[0].get_ydata()) == pytest.approx([0.3, 0.6])
+    assert lr_figure(ex.load_groups([tmp_path / "lr=1e-05,seed=0"])) is None
+    out = tmp_path / "plots"
+    assert CliRunner().invoke(app, ["plot", str(tmp_path), "--out", str(out)]).exit_code == 0
+    assert (out / "final_val_accuracy_vs_lr.png").is_file() and (out / "final_val_accuracy_vs_lr.svg").is_file()
+
+
+def test_report_is_one_self_contained_page_with_configs_numbers_plots_and_escaped_rollouts(sweep_root, tmp_path):
+    out = tmp_path / "report.html"
+    result = CliRunner().invoke(app, ["report", str(sweep_root), "--out", str(out), "--title", "variants <&>"])
+    assert result.exit_code == 0, result.output
+    page = out.read_text()
+    assert "<title>variants &lt;&amp;&gt;</title>" in page
+    # configs: the differing fields per group, and the shared ones
+    for text in ("algorithm=grpo", "algorithm=dr_grpo", "loss_normalization", "constant", "advantage_normalizer",
+                 "learning_rate", "1e-05"):
+        assert text in page
+    # numbers with their spread: grpo final 0.600 ± 0.113 [0.5, 0.7]; best 0.633 ± 0.173; dr_grpo 0.300 ± 0.113
+    assert "0.600 ± 0.113" in page and "0.633 ± 0.173" in page and "0.300 ± 0.113" in page
+    assert "<td>0.500</td><td>0.700</td>" in page
+    # every figure embedded: no file next to the page is needed
+    assert page.count('src="data:image/png;base64,') == 8
+    assert not [p for p in tmp_path.iterdir() if p.suffix in (".png", ".svg")]
+    # rollouts from the first and last logged step, escaped
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; &amp; &lt;answer&gt; 7 &lt;/answer&gt;" in page
+    assert "<script" not in page
+    assert "<h4>step 1</h4>" in page and "<h4>step 3</h4>" in page
+
+
+def test_sample_rollouts_take_the_first_and_last_step_with_distinct_questions():
+    rows = [{"step": s, "question": f"q{i // 2}", "response": f"{s}-{i}"} for s in (1, 5, 9) for i in range(6)]
+    picked = sample_rollouts(rows, per_step=2)
+    assert [(step, [r["response"] for r in rs]) for step, rs in picked] == [(1, ["1-0", "1-2"]), (9, ["9-0", "9-2"])]
+    assert sample_rollouts([]) == []
+
+
+def test_summary_command_writes_csv_and_json(sweep_root, tmp_path):
+    out = tmp_path / "s" / "summary.csv"
+    result = CliRunner().invoke(app, ["summary", str(sweep_root / "algorithm=grpo,seed=0"),
+                                      str(sweep_root / "algorithm=grpo,seed=1"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader(out.open()))
+    # two runs of one config: one group "all runs", final [0.5, 0.6]: mean 0.55, s = 0.070711, hw = 0.098
+    group = rows[-1]
+    assert group["group"] == "all runs" and float(group["final_val_accuracy"]) == pytest.approx(0.55)
+    assert float(group["final_val_accuracy_ci95"]) == pytest.approx(0.098)
+    assert (out.parent / "summary.json").is_file()
+    result = CliRunner().invoke(app, ["summary", str(tmp_path / "s"), "--out", str(out)])
+    assert result.exit_code == 2 and "holds no run" in result.output
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sweeps.
+
+BASE = {"dataset": "arithmetic:steps=1,max=9", "steps": 2, "rollout_batch_size": 4, "group_size": 2,
+        "max_new_tokens": 4, "eval_limit": 1, "eval_max_new_tokens": 2, "tensorboard": False,
+        "generation_dtype": "float32", "precision": "fp32", "log_rollouts_every": 1}
+
+
+def write_sweep(path, grid, base=None, **top):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({"base": base if base is not None else BASE, "grid": grid, **top}))
+    return path
+
+
+def test_grid_expands_into_run_configs_and_directory_names(tmp_path):
+    assert ex.expand_grid({"a": [1, 2], "b": ["x"]}) == [{"a": 1, "b": "x"}, {"a": 2, "b": "x"}]
+    grid = {"learning_rate": [1e-5, 3e-5], "prompt": ["r1_zero"], "seed": [0, 1]}
+    assert ex.run_name({"learning_rate": 3e-5, "prompt": "r1_zero", "seed": 1}, grid) == "learning_rate=3e-05,seed=1"
+    assert ex.run_name({"dataset": "arithmetic:steps=1,max=9"}, {"dataset": ["x"]}) == "dataset=arithmetic_steps_1_max_9"
+    assert ex.run_name({}, {}) == "run"
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({**BASE, "steps": 7, "learning_rate": 0.5}))
+    sweep_file = write_sweep(tmp_path / "sweeps" / "lr.yaml", grid, base={"config": "../base.yaml", "group_size": 4},
+                             out=str(tmp_path / "runs"))
+    sweep = ex.load_sweep(sweep_file, ["steps=3", "parallel=2"])
+    assert (sweep.name, sweep.parallel, sweep.base_path) == ("lr", 2, tmp_path / "sweeps" / "../base.yaml")
+    plan = ex.plan_sweep(sweep)
+    assert [r.name for r in plan] == ["learning_rate=1e-05,seed=0", "learning_rate=1e-05,seed=1",
+                                      "learning_rate=3e-05,seed=0", "learning_rate=3e-05,seed=1"]
+    assert [(r.config.learning_rate, r.config.seed) for r in plan] == [(1e-5, 0), (1e-5, 1), (3e-5, 0), (3e-5, 1)]
+    # file < inline base < command line < grid; out is each run's directory
+    assert {(r.config.steps, r.config.group_size, r.config.prompt, r.config.rollout_batch_size) for r in plan} == {
+        (3, 4, "r1_zero", 4)}
+    assert plan[3].config.out == str(tmp_path / "runs" / "learning_rate=3e-05,seed=1")
+    assert {r.status for r in plan} == {"new"}
+
+
+def test_sweep_validation_names_the_file_and_the_field(tmp_path):
+    bad_key = write_sweep(tmp_path / "a.yaml", {"lerning_rate": [1e-5]})
+    with pytest.raises(ConfigError, match=r"a\.yaml: grid: unknown field\(s\) 'lerning_rate'"):
+        ex.load_sweep(bad_key)
+    bad_value = write_sweep(tmp_path / "b.yaml", {"learning_rate": [1e-5, -1.0]})
+    with pytest.raises(ConfigError, match=r"b\.yaml: run learning_rate=-1: .*field 'learning_rate'"):
+        ex.plan_sweep(ex.load_sweep(bad_value))
+    bad_prompt = write_sweep(tmp_path / "c.yaml", {"prompt": ["r1_zero", "r1_zro"]})
+    with pytest.raises(ConfigError, match=r"c\.yaml: run prompt=r1_zro: field 'prompt': unknown prompt"):
+        ex.plan_sweep(ex.load_sweep(bad_prompt))
+    bad_base = write_sweep(tmp_path / "d.yaml", {"seed": [0]}, base={**BASE, "stepz": 3})
+    with pytest.raises(ConfigError, match=r"d\.yaml: base: unknown field\(s\) 'stepz'"):
+        ex.load_sweep(bad_base)
+    missing = write_sweep(tmp_path / "e.yaml", {"seed": [0]}, base="configs/nope.yaml")
+    with pytest.raises(ConfigError, match=r"e\.yaml: base config 'configs/nope.yaml' not found"):
+        ex.load_sweep(missing)
+    ok = write_sweep(tmp_path / "f.yaml", {"seed": [0, 1]})
+    with pytest.raises(ConfigError, match="'seed' is swept by"):
+        ex.load_sweep(ok, ["seed=3"])
+    with pytest.raises(ConfigError, match="unknown field"):
+        ex.load_sweep(ok, ["paralel=2"])
+    result = CliRunner().invoke(app, ["sweep", "--config", str(bad_value), "dry_run=true"])
+    assert result.exit_code == 2 and "b.yaml" in result.output and "learning_rate" in result.output
+
+
+SHIPPED = {"quick_variants": 6, "lr_sweep": 12, "prompt_ablation": 9, "on_policy_variants": 15,
+           "off_policy_variants": 12}
+SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
+
+
+@pytest.mark.parametrize("name", list(SHIPPED))
+def test_shipped_sweep_files_expand_into_valid_runs(name, tmp_path, monkeypatch):
+    path = SWEEPS / f"{name}.yaml"
+    raw = yaml.safe_load(path.read_text())
+    assert path.read_text().startswith("#") and raw["base"]["config"] in ("configs/grpo_arithmetic.yaml",
+                                                                          "configs/grpo_gsm8k.yaml")
+    monkeypatch.chdir(SWEEPS.parent)
+    if not Path(raw["base"]["config"]).is_file():  # the train config is not written yet: check the rest
+        raw["base"].pop("config")
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(raw))
+    plan = ex.plan_sweep(ex.load_sweep(path, [f"out={tmp_path / 'runs'}"]))
+    assert len(plan) == SHIPPED[name] and {r.status for r in plan} == {"new"}
+    assert sorted({r.config.seed for r in plan}) == sorted(raw["grid"]["seed"]) and len(raw["grid"]["seed"]) >= 2
+
+
+def test_dry_run_reports_new_resume_restart_done_and_refuses_a_changed_run(tmp_path):
+    sweep_file = write_sweep(tmp_path / "s.yaml", {"seed": [0, 1, 2, 3, 4]}, out=str(tmp_path / "runs"))
+    plan = ex.plan_sweep(ex.load_sweep(sweep_file))
+    done, resume, restart, new, running = plan
+    for run in (done, resume, restart, running):
+        run.path.mkdir(parents=True)
+        run.config.save(run.path / "config.yaml")
+        (run.path / "metrics.jsonl").write_text('{"step": 0, "val/accuracy": 0.0}\n')
+    (done.path / "final").mkdir()
+    (done.path / "final" / "DONE").write_text("{}")
+    (resume.path / "checkpoints" / "step_000001").mkdir(parents=True)
+    (resume.path / "checkpoints" / "step_000001" / "trainer_state.pt").write_bytes(b"x")
+    (resume.path / "checkpoints" / "latest").write_text("step_000001")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)  # rlvr train"])
+    (running.path / ex.LOCK).write_text(json.dumps({"pid": other.pid}))  # another sweep's live child
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    try:
+        result = CliRunner().invoke(app, ["sweep", "--config", str(sweep_file), "dry_run=true"])
+        new.path.mkdir()
+        (new.path / ex.LOCK).write_text(json.dumps({"pid": gone.pid}))  # a lock left by a killed sweep
+        assert ex.run_status(new.path, new.config) == ("new", "")
+    finally:
+        other.kill()
+        other.wait()
+    assert result.exit_code == 0, result.output
+    statuses = {line.split()[1]: line.split()[0] for line in result.output.splitlines() if str(tmp_path) in line
+                and "sweep" not in line}
+    assert statuses == {str(done.path): "done", str(resume.path): "resume", str(restart.path): "restart",
+                        str(new.path): "new", str(running.path): "running"}
+    assert "1 done, 1 resume, 1 restart, 1 new, 1 running" in result.output
+    assert not (new.path / "run.yaml").exists()  # a dry run writes nothing
+    # what the runner does before launching `rlvr train --config <run>/run.yaml`
+    by_name = {r.name: r for r in ex.plan_sweep(ex.load_sweep(sweep_file))}
+    launch = ex._prepare(by_name[resume.name])
+    assert yaml.safe_load(launch.read_text())["resume"] is True and (resume.path / "metrics.jsonl").is_file()
+    launch = ex._prepare(by_name[restart.name])  # no checkpoint: the logs are kept aside, the run starts over
+    assert yaml.safe_load(launch.read_text())["resume"] is False and not (restart.path / "metrics.jsonl").exists()
+    assert len(list(restart.path.glob("metrics.jsonl.interrupted-*"))) == 1
+    assert ex.run_status(restart.path, restart.config) == ("new", "")
+    # a finished run of another config is not silently taken for this one
+    done.config.model_copy(update={"learning_rate": 3e-5}).save(done.path / "config.yaml")
+    result = CliRunner().invoke(app, ["sweep", "--config", str(sweep_file), "dry_run=true"])
+    assert result.exit_code == 2
+    assert "changed" in result.output and "learning_rate: 3e-05 in the run dir, 1e-05 in the sweep" in result.output
+
+
+@pytest.fixture
+def model_dir(tmp_path, tiny_model, tokenizer):
+    path = tmp_path / "tiny"
+    tiny_model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_a_failed_run_is_reported_and_the_sweep_goes_on(tmp_path):
+    (tmp_path / "empty_model").mkdir()
+    sweep_file = write_sweep(tmp_path / "fail.yaml", {"seed": [0, 1]}, out=str(tmp_path / "runs"),
+                             base={**BASE, "model": str(tmp_path / "empty_model")}, report=False)
+    result = CliRunner().invoke(app, ["sweep", "--config", str(sweep_file)])
+    assert result.exit_code == 1
+    assert result.output.count("FAILED") == 2 and "0 ran, 0 skipped, 2 failed" in result.output
+    assert not list((tmp_path / "runs").rglob(ex.LOCK))
+
+
+def test_sweep_runs_two_seeds_end_to_end_then_skips_them(tmp_path, model_dir):
+    out = tmp_path / "runs"
+    sweep_file = write_sweep(tmp_path / "sweeps" / "tiny.yaml", {"seed": [0, 1]}, out=str(out),
+                             base={**BASE, "model": str(model_dir), "save_every": 1})
+    result = CliRunner().invoke(app, ["sweep", "--config", str(sweep_file)])
+    assert result.exit_code == 0, result.output
+    for seed in (0, 1):
+        run = out / f"seed={seed}"
+        assert (run / "final" / "DONE").is_file(), (run / "train.log").read_text()[-3000:]
+        assert [r["step"] for r in ex.read_jsonl(run / "metrics.jsonl")] == [0, 1, 2]
+        assert yaml.safe_load((run / "config.yaml").read_text())["seed"] == seed
+        assert not (run / "checkpoints").exists()  # pruned once final/ holds the model
+    assert "2 ran, 0 skipped, 0 failed" in result.output
+    assert (out / "report.html").is_file() and (out / "summary.csv").is_file() and (out / "summary.json").is_file()
+    stamp = (out / "seed=0" / "metrics.jsonl").stat().st_mtime_ns
+    again = CliRunner().invoke(app, ["sweep", "--config", str(sweep_file)])
+    assert again.exit_code == 0, again.output
+    assert "skip seed=0 (done)" in again.output and "skip seed=1 (done)" in again.output
+    assert "0 ran, 2 skipped, 0 failed" in again.output
+    assert (out / "seed=0" / "metrics.jsonl").stat().st_mtime_ns == stamp
