@@ -85,3 +85,37 @@ def test_sft_microbatch_train_step_hand_values():
     torch.testing.assert_close(logp.grad, -mask.float() / (4.0 * 2 * 2))
     assert meta["response_tokens"].item() == 4
     assert meta["nll_per_token"].item() == pytest.approx((3 + 9.5) / 4)
+
+
+@pytest.mark.parametrize("prompts", [
+    ["Shared prompt of a group: 12+7=?"] * 4,  # one GRPO group: the whole prompt is shared
+    ["Common preamble. Q: 1+1?", "Common preamble. Q: 22+3?", "Common preamble. Q: 5?", "Common preamble. Q: x"],
+])
+def test_shared_prefix_gives_the_same_values_and_gradients(tiny_model, tokenizer, prompts):
+    outputs = [" 19 </answer>", " twenty", " 1", " a much longer response here"]
+    batch = tokenize_prompt_and_output(prompts, outputs, tokenizer)
+    mask = batch["response_mask"]
+
+    def run(share):
+        tiny_model.zero_grad(set_to_none=True)
+        out = get_response_log_probs(tiny_model, batch["input_ids"], batch["labels"], return_token_entropy=True,
+                                     positions=mask, share_prefix=share)
+        (out["log_probs"] * mask * torch.arange(1.0, 1 + mask.shape[1])).sum().backward()
+        return out, [p.grad.clone() for p in tiny_model.parameters()]
+
+    plain, plain_grads = run(False)
+    shared, shared_grads = run(True)
+    torch.testing.assert_close(shared["log_probs"], plain["log_probs"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared["token_entropy"], plain["token_entropy"], atol=1e-5, rtol=1e-5)
+    for a, b in zip(shared_grads, plain_grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_shared_prefix_runs_the_prefix_once(tiny_model, tokenizer):
+    batch = tokenize_prompt_and_output(["p" * 50] * 4, [" a", " bb", " ccc", " d"], tokenizer)
+    seen = []
+    tiny_model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape)))
+    get_response_log_probs(tiny_model, batch["input_ids"], batch["labels"], positions=batch["response_mask"],
+                           share_prefix=True)
+    # the prefix (49 shared columns that nobody scores) once, then 4 rows of the remaining columns
+    assert seen == [(1, 49), (4, batch["input_ids"].shape[1] - 49)]

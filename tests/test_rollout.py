@@ -122,3 +122,27 @@ def test_sampling_params_validation():
         SamplingParams(stop="</answer>")
     with pytest.raises(ValueError, match="min_new_tokens"):
         SamplingParams(max_new_tokens=4, min_new_tokens=5)
+
+
+def test_lora_policy_engine_copy_has_the_adapter_merged(tiny_model, tokenizer):
+    from rlvr.models import prepare_for_training
+
+    policy = prepare_for_training(tiny_model, lora_rank=4)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_()
+    engine = HFEngine(policy, tokenizer, dtype="bfloat16")
+    assert not hasattr(engine.model, "get_base_model")
+    ids = torch.tensor([tokenizer("Hello there", add_special_tokens=False).input_ids])
+    with torch.no_grad():
+        expected = policy(input_ids=ids).logits
+        got = engine.model(input_ids=ids).logits.float()
+    torch.testing.assert_close(got, expected, atol=0.05, rtol=0.05)
+    exact = HFEngine(policy, tokenizer, dtype="float64")
+    with torch.no_grad():
+        torch.testing.assert_close(exact.model(input_ids=ids).logits.float(), expected, atol=1e-5, rtol=1e-5)
+    assert policy.training  # generate() hands the policy back in the mode it came in
+    engine_shared = HFEngine(policy, tokenizer)
+    engine_shared.generate(["Hi"], SamplingParams(max_new_tokens=2))
+    assert policy.training and engine_shared.model is policy

@@ -180,6 +180,8 @@ class TrainingFields(BaseConfig):
     precision: Literal["fp32", "bf16"] = Field("bf16", description="bf16 = autocast with fp32 master weights")
     microbatch_size: int = Field(8, ge=1, description="sequences per forward/backward pass")
     gradient_checkpointing: bool = False
+    share_prefix: bool = Field(True, description="run a microbatch's common prompt prefix once (exact; off with "
+                                                 "gradient checkpointing)")
     lora_rank: int = Field(0, ge=0, description="0 = full fine-tuning")
     lora_alpha: float | None = None
     lora_dropout: float = Field(0.0, ge=0, lt=1)

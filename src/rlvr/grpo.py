@@ -10,9 +10,10 @@ rewards and advantages itself); the training loop computes those once per rollou
 Departures from seed 004's reference step, each keeping the gradient exactly the same:
   1. Rollouts with zero advantage are never passed through the model (unless a KL term needs them);
      the normalisers still count them (N sequences, all response tokens), so the gradient is unchanged.
-  2. Rows are sorted by length before being cut into microbatches and each microbatch is trimmed to its
-     longest row, so little time goes into padding.
-  3. The vocabulary projection runs only at response positions (`get_response_log_probs(positions=...)`).
+  2. Rows are ordered by prompt, then length, before being cut into microbatches, and each microbatch is
+     trimmed to its longest row, so little time goes into padding.
+  3. The vocabulary projection runs only at response positions (`get_response_log_probs(positions=...)`),
+     and a microbatch's shared prompt runs through the model once (`share_prefix`).
 """
 
 from __future__ import annotations
@@ -38,15 +39,19 @@ class NonFiniteLoss(RuntimeError):
     """The loss or gradient norm was NaN/inf; the optimizer step was skipped and the gradients cleared."""
 
 
-def _microbatches(rows: list[int], lengths: torch.Tensor, size: int) -> list[list[int]]:
-    """Rows sorted by length (longest first), cut into chunks of `size`."""
-    ordered = sorted(rows, key=lambda r: -int(lengths[r]))
+def _microbatches(rows: list[int], input_ids: torch.Tensor, response_mask: torch.Tensor, size: int) -> list[list[int]]:
+    """Rows ordered by prompt, then longest first, cut into chunks of `size`: rows of one group land
+    together (their prompt can run once) and little padding is left after trimming."""
+    starts = response_mask.long().argmax(dim=1)
+    widths = _row_widths(response_mask)
+    key = {r: (tuple(input_ids[r, : int(starts[r])].tolist()), -int(widths[r])) for r in rows}
+    ordered = sorted(rows, key=key.__getitem__)
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
 
 @torch.no_grad()
 def score_log_probs(model, input_ids, labels, response_mask, microbatch_size: int, precision: str = "fp32",
-                    rows: list[int] | None = None) -> torch.Tensor:
+                    rows: list[int] | None = None, share_prefix: bool = True) -> torch.Tensor:
     """Log-probs (N, T) of the response tokens under `model` without gradient (old policy, reference);
     rows not in `rows` are left at 0."""
     out = torch.zeros(labels.shape, dtype=torch.float32)
@@ -54,11 +59,12 @@ def score_log_probs(model, input_ids, labels, response_mask, microbatch_size: in
     widths = _row_widths(response_mask)
     was_training = model.training
     model.eval()
-    for mb in _microbatches(rows, widths, microbatch_size):
+    for mb in _microbatches(rows, input_ids, response_mask, microbatch_size):
         idx = torch.tensor(mb)
         w = int(widths[idx].max())
         with autocast(precision):
-            lp = get_response_log_probs(model, input_ids[idx, :w], labels[idx, :w], positions=response_mask[idx, :w])
+            lp = get_response_log_probs(model, input_ids[idx, :w], labels[idx, :w], positions=response_mask[idx, :w],
+                                        share_prefix=share_prefix)
         out[idx, :w] = lp["log_probs"].float()
     model.train(was_training)
     return out
@@ -90,6 +96,7 @@ def policy_gradient_update(
     kl_estimator: str = "k3",
     precision: str = "fp32",
     on_policy_ratio: bool = False,
+    share_prefix: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One optimizer step on N scored rollouts (rows of input_ids/labels/response_mask, all (N, T)).
 
@@ -124,13 +131,13 @@ def policy_gradient_update(
     tokens = 0
     sums = {"entropy": 0.0, "clip_fraction": 0.0, "kl": 0.0, "ratio_mean": 0.0}
     ratio_min, ratio_max = math.inf, -math.inf
-    for mb in _microbatches(kept, widths, microbatch_size):
+    for mb in _microbatches(kept, input_ids, response_mask, microbatch_size):
         idx = torch.tensor(mb)
         w = int(widths[idx].max())
         mask = response_mask[idx, :w]
         with autocast(precision):
             scored = get_response_log_probs(model, input_ids[idx, :w], labels[idx, :w], return_token_entropy=True,
-                                            positions=mask)
+                                            positions=mask, share_prefix=share_prefix)
         log_probs = scored["log_probs"]
         if not bool(torch.isfinite(log_probs[mask]).all()):
             optimizer.zero_grad(set_to_none=True)

@@ -23,6 +23,15 @@ _DTYPES = ("float32", "bfloat16", "float16")
 log = logging.getLogger(__name__)
 
 
+def cache_keyword(model) -> str:
+    """The name of the KV-cache argument of `model.forward`: `cache` in recent transformers, else
+    `past_key_values`. peft wraps forward(**kwargs), so its base model is asked."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("RLVR_CACHE", Path.home() / ".cache" / "rlvr"))
 

@@ -6,6 +6,11 @@ models whose logits are a plain linear head on the decoder's last hidden state (
 SmolLM, ...) it runs the head on chunks of positions inside activation checkpoints, so neither the
 forward nor the backward pass holds more than one chunk of logits; other models fall back to chunking
 the log-softmax over the model's own logits.
+
+With `share_prefix=True` the rows' longest common prefix (a GRPO group's prompt, or the r1_zero
+instructions every prompt starts with) runs through the model once; the rest of each row attends to its
+KV cache, and gradients flow back through the cache into the shared prefix. Same values and gradients,
+fewer FLOPs: a group of 8 rollouts of 40 tokens after a 150-token prompt costs 470 token-passes, not 1,520.
 """
 
 from __future__ import annotations
@@ -16,9 +21,12 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rlvr.estimators import masked_normalize
+from rlvr.models import cache_keyword
 
 # Elements of one chunk of logits (positions x vocab): 2^25 float32 = 128 MiB.
 CHUNK_ELEMENTS = 1 << 25
+# A shared prefix shorter than this is not worth a separate forward pass.
+MIN_SHARED_PREFIX = 8
 # Config attributes of heads that are more than a linear map of the last hidden state.
 _SPECIAL_HEADS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
@@ -92,6 +100,37 @@ def _head_scores(head, hidden, labels, with_entropy):
     return _scores(head(hidden), labels, with_entropy)
 
 
+def _checkpointing(model) -> bool:
+    """Whether activation checkpointing is on (it disables the KV cache that prefix sharing needs)."""
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
+
+
+def _shared_prefix_length(input_ids: torch.Tensor, positions: torch.Tensor | None) -> int:
+    """Columns that every row shares and whose outputs nobody scores."""
+    if positions is None or input_ids.shape[0] < 2:
+        return 0
+    same = (input_ids == input_ids[:1]).all(dim=0)
+    common = int(same.long().cumprod(0).sum())
+    first_scored = int(positions.long().argmax(dim=1).min()) if positions.any() else 0
+    return min(common, first_scored)
+
+
+def _decoder_hidden(model, decoder, input_ids: torch.Tensor, offset: int) -> torch.Tensor:
+    """Last hidden states of columns offset.. of every row; columns :offset run once, from row 0."""
+    if offset == 0:
+        return decoder(input_ids=input_ids).last_hidden_state
+    from transformers import DynamicCache
+
+    keyword = cache_keyword(model)
+    cache = DynamicCache()
+    decoder(input_ids=input_ids[:1, :offset], use_cache=True, **{keyword: cache})
+    cache.batch_repeat_interleave(input_ids.shape[0])
+    position_ids = torch.arange(offset, input_ids.shape[1], device=input_ids.device).expand(input_ids.shape[0], -1)
+    return decoder(input_ids=input_ids[:, offset:], position_ids=position_ids, use_cache=True,
+                   **{keyword: cache}).last_hidden_state
+
+
 def get_response_log_probs(
     model,
     input_ids: torch.Tensor,
@@ -99,21 +138,31 @@ def get_response_log_probs(
     return_token_entropy: bool = False,
     *,
     positions: torch.Tensor | None = None,
+    share_prefix: bool = False,
     chunk_elements: int = CHUNK_ELEMENTS,
 ) -> dict[str, torch.Tensor]:
     """Per-token log p(label | prefix), (batch, length), and optionally the per-token entropy.
 
     `positions` (batch, length) bool, optional: only these positions are scored (the rest are 0), which
-    skips the vocabulary projection of prompt tokens. The entropy is for logging and carries no gradient.
+    skips the vocabulary projection of prompt tokens. `share_prefix`: run the rows' common prefix once
+    (needs `positions`; not with gradient checkpointing, which disables the KV cache). The entropy is for
+    logging and carries no gradient.
     """
     if input_ids.shape != labels.shape:
         raise ValueError(f"input_ids has shape {tuple(input_ids.shape)} but labels has {tuple(labels.shape)}")
+    parts = _head_parts(model)
+    offset = 0
+    if share_prefix and parts is not None and not _checkpointing(model):
+        offset = _shared_prefix_length(input_ids, positions)
+        offset = offset if offset >= MIN_SHARED_PREFIX else 0
+    full_shape = labels.shape
+    labels = labels[:, offset:]
+    positions = positions[:, offset:] if positions is not None else None
     flat_labels = labels.reshape(-1)
     select = positions.reshape(-1).nonzero().squeeze(-1) if positions is not None else None
-    parts = _head_parts(model)
     if parts is not None:
         decoder, head = parts
-        hidden = decoder(input_ids=input_ids).last_hidden_state
+        hidden = _decoder_hidden(model, decoder, input_ids, offset)
         hidden = hidden.reshape(-1, hidden.shape[-1])
         vocab = head.weight.shape[0]
     else:
@@ -140,10 +189,12 @@ def get_response_log_probs(
 
     def unflatten(chunks):
         values = torch.cat(chunks) if chunks else hidden.new_zeros(0, dtype=torch.float32)
-        if select is None:
-            return values.view(labels.shape)
-        full = values.new_zeros(labels.numel())
-        return full.index_copy(0, select, values).view(labels.shape)
+        if select is not None:
+            values = values.new_zeros(labels.numel()).index_copy(0, select, values)
+        values = values.view(labels.shape)
+        if offset:
+            values = torch.cat([values.new_zeros((values.shape[0], offset)), values], dim=1)
+        return values.view(full_shape)
 
     out = {"log_probs": unflatten(lp_chunks)}
     if return_token_entropy:

@@ -16,12 +16,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import inspect
 import time
 from typing import Protocol
 
 import numpy as np
 import torch
+
+from rlvr.models import cache_keyword
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,10 +198,42 @@ def preallocated_cache(reserve: int):
     return cache
 
 
-def _cache_keyword(model) -> str:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps forward(**kwargs)
-    params = inspect.signature(base.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+def _empty_copy(model, dtype: torch.dtype):
+    """A copy of the policy's architecture (without any LoRA wrapper) allocated directly in `dtype`."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    previous = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(dtype)
+        with torch.device("meta"):
+            clone = type(base)(base.config)
+    finally:
+        torch.set_default_dtype(previous)
+    device = next(model.parameters()).device
+    clone = clone.to_empty(device=device).to(dtype)
+    clone.tie_weights()  # to_empty unties shared tensors such as a tied lm_head
+    clone.generation_config = copy.deepcopy(base.generation_config)
+    return clone.eval()
+
+
+def _merged_tensors(policy):
+    """(name, tensor) of every parameter and buffer as a plain model would name it; LoRA deltas merged."""
+    if not hasattr(policy, "get_base_model"):
+        yield from policy.named_parameters()
+        yield from policy.named_buffers()
+        return
+    from peft.tuners.lora import LoraLayer
+
+    base = policy.get_base_model()
+    for name, value in list(base.named_parameters()) + list(base.named_buffers()):
+        if ".lora_" in name:
+            continue
+        if ".base_layer." in name:
+            owner_name, _, leaf = name.partition(".base_layer.")
+            owner = base.get_submodule(owner_name)
+            if isinstance(owner, LoraLayer) and leaf == "weight" and not owner.merged:
+                value = value + sum(owner.get_delta_weight(a) for a in owner.active_adapters)
+            name = f"{owner_name}.{leaf}"
+        yield name, value
 
 
 @dataclasses.dataclass
@@ -224,32 +257,49 @@ class HFEngine:
     """Batched sampling from a transformers causal LM (CPU or GPU)."""
 
     def __init__(self, model, tokenizer, batch_size: int = 64, dtype: str | None = None, compact_fraction: float = 0.25):
-        """`dtype` different from the model's makes a private copy in that dtype (synced by sync_weights);
-        `compact_fraction`: finished rows leave the batch once they are this share of it."""
+        """`dtype` different from the model's makes a private copy in that dtype (synced by sync_weights); a
+        LoRA policy gets a plain copy with the adapter merged in. `compact_fraction`: finished rows leave
+        the batch once they are this share of it."""
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.compact_fraction = compact_fraction
         self.model = model
-        if dtype is not None and getattr(torch, dtype) != next(model.parameters()).dtype:
-            self.model = copy.deepcopy(model).to(getattr(torch, dtype))
-        self.model.eval()
-        self._cache_kw = _cache_keyword(self.model)
+        policy_dtype = next(model.parameters()).dtype
+        if dtype is not None and getattr(torch, dtype) != policy_dtype:
+            self.model = _empty_copy(model, getattr(torch, dtype))
+            self.sync_weights(model)
+        self._cache_kw = cache_keyword(self.model)
         eos = self.model.generation_config.eos_token_id
-        eos = eos if isinstance(eos, list) else [eos if eos is not None else tokenizer.eos_token_id]
-        self.eos_ids = sorted({int(e) for e in eos if e is not None})
+        eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+        # an end-of-document token ends a response too (SmolLM2-Instruct ends turns with <|im_end|> but
+        # sometimes writes <|endoftext|>, which would otherwise repeat until max_new_tokens)
+        eos += [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+        unk = tokenizer.unk_token_id if tokenizer.unk_token != "<|endoftext|>" else None
+        self.eos_ids = sorted({int(e) for e in eos if e is not None and e != unk})
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.stats = {"generated_tokens": 0, "seconds": 0.0}
 
+    @torch.no_grad()
     def sync_weights(self, policy: torch.nn.Module) -> None:
         if self.model is policy:
             return
-        with torch.no_grad():
-            source = policy.state_dict()
-            for name, tensor in self.model.state_dict().items():
-                tensor.copy_(source[name])
+        targets = dict(self.model.named_parameters())
+        targets.update(dict(self.model.named_buffers()))
+        for name, value in _merged_tensors(policy):
+            if name not in targets:
+                raise KeyError(f"sync_weights: the engine's model has no tensor {name!r}")
+            targets[name].copy_(value)
+
+    def generate(self, prompts: list[str], sampling: SamplingParams, progress=None) -> list[Completion]:
+        was_training = self.model.training
+        self.model.eval()  # a shared policy comes back in the mode it came in
+        try:
+            return self._generate(prompts, sampling, progress)
+        finally:
+            self.model.train(was_training)
 
     @torch.inference_mode()
-    def generate(self, prompts: list[str], sampling: SamplingParams, progress=None) -> list[Completion]:
+    def _generate(self, prompts: list[str], sampling: SamplingParams, progress=None) -> list[Completion]:
         start = time.perf_counter()
         encoded = [self.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
         if any(len(ids) == 0 for ids in encoded):

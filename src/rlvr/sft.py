@@ -77,7 +77,8 @@ def train_sft(cfg: SFTConfig) -> dict:
             tok = tokenize_prompt_and_output([prompt.format(ex.question, tokenizer) for ex in micro],
                                              [r1_zero_response(ex) for ex in micro], tokenizer)
             with autocast(cfg.precision):
-                out = get_response_log_probs(model, tok["input_ids"], tok["labels"], positions=tok["response_mask"])
+                out = get_response_log_probs(model, tok["input_ids"], tok["labels"], positions=tok["response_mask"],
+                                             share_prefix=cfg.share_prefix)
             loss, meta = sft_microbatch_train_step(out["log_probs"], tok["response_mask"], accumulation,
                                                    cfg.normalize_constant)
             loss_total += loss.item()

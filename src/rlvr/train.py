@@ -186,7 +186,7 @@ def train_grpo(cfg: TrainConfig) -> dict:
         if needs_old and k > 1:  # before any update; the first train batch uses the live (identical) policy
             later = [r for s in splits[1:] for r in s if cfg.beta > 0 or advantages[r] != 0]
             old_log_probs = score_log_probs(model, batch["input_ids"], batch["labels"], mask, cfg.microbatch_size,
-                                            cfg.precision, rows=later)
+                                            cfg.precision, rows=later, share_prefix=cfg.share_prefix)
         times["old_logprobs"] = time.perf_counter() - t
         t = time.perf_counter()
         reference_log_probs = None
@@ -207,7 +207,8 @@ def train_grpo(cfg: TrainConfig) -> dict:
                     cliprange=cfg.cliprange, cliprange_high=cfg.cliprange_high,
                     loss_normalization=cfg.loss_normalization, normalization_constant=cfg.normalization_constant,
                     beta=cfg.beta, reference_log_probs=reference_log_probs[idx] if reference_log_probs is not None else None,
-                    kl_estimator=cfg.kl_estimator, precision=cfg.precision, on_policy_ratio=needs_old and i == 0)
+                    kl_estimator=cfg.kl_estimator, precision=cfg.precision, on_policy_ratio=needs_old and i == 0,
+                    share_prefix=cfg.share_prefix)
             except NonFiniteLoss as err:
                 log.error("step %d, train batch %d: %s", step, i, err)
                 updates.append({"nonfinite": 1.0})
@@ -268,9 +269,11 @@ def _reference_model(cfg: TrainConfig, model):
 
 def _reference_log_probs(reference, model, batch, mask, cfg: TrainConfig) -> torch.Tensor:
     if reference is not None:
-        return score_log_probs(reference, batch["input_ids"], batch["labels"], mask, cfg.microbatch_size, cfg.precision)
+        return score_log_probs(reference, batch["input_ids"], batch["labels"], mask, cfg.microbatch_size, cfg.precision,
+                               share_prefix=cfg.share_prefix)
     with model.disable_adapter():
-        return score_log_probs(model, batch["input_ids"], batch["labels"], mask, cfg.microbatch_size, cfg.precision)
+        return score_log_probs(model, batch["input_ids"], batch["labels"], mask, cfg.microbatch_size, cfg.precision,
+                               share_prefix=cfg.share_prefix)
 
 
 def _step_metrics(cfg, completions, scores, reward_meta, adv_meta, updates, times, scheduler) -> dict:
