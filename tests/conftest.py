@@ -45,3 +45,31 @@ def tokenizer():
 @pytest.fixture
 def tiny_model(tokenizer):
     return make_model(len(tokenizer))
+
+
+@pytest.fixture
+def model_dir(tmp_path, tiny_model, tokenizer):
+    """The tiny model and tokenizer saved where `model=...` can load them."""
+    path = tmp_path / "tiny"
+    tiny_model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def crash_at(monkeypatch):
+    """crash_at(step): the run is killed when it logs that step (after its last checkpoint); returns undo()."""
+    from rlvr.tracking import MetricsLogger
+
+    original = MetricsLogger.log
+
+    def arm(step: int):
+        def log(self, at, metrics):
+            if at == step:
+                raise KeyboardInterrupt(f"simulated kill at step {step}")
+            return original(self, at, metrics)
+
+        monkeypatch.setattr(MetricsLogger, "log", log)
+        return lambda: monkeypatch.setattr(MetricsLogger, "log", original)
+
+    return arm

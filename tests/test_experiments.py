@@ -398,14 +398,6 @@ def test_dry_run_reports_new_resume_restart_done_and_refuses_a_changed_run(tmp_p
     assert "changed" in result.output and "learning_rate: 3e-05 in the run dir, 1e-05 in the sweep" in result.output
 
 
-@pytest.fixture
-def model_dir(tmp_path, tiny_model, tokenizer):
-    path = tmp_path / "tiny"
-    tiny_model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 def test_a_failed_run_is_reported_and_the_sweep_goes_on(tmp_path):
     (tmp_path / "empty_model").mkdir()
     sweep_file = write_sweep(tmp_path / "fail.yaml", {"seed": [0, 1]}, out=str(tmp_path / "runs"),

@@ -119,3 +119,16 @@ def test_shared_prefix_runs_the_prefix_once(tiny_model, tokenizer):
                            share_prefix=True)
     # the prefix (49 shared columns that nobody scores) once, then 4 rows of the remaining columns
     assert seen == [(1, 49), (4, batch["input_ids"].shape[1] - 49)]
+
+
+def test_shared_prefix_falls_back_under_gradient_checkpointing(tiny_model, tokenizer):
+    from rlvr.models import prepare_for_training
+
+    model = prepare_for_training(tiny_model, gradient_checkpointing=True)
+    batch = tokenize_prompt_and_output(["p" * 30] * 3, [" a", " bb", " c"], tokenizer)
+    seen = []
+    model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape)))
+    out = get_response_log_probs(model, batch["input_ids"], batch["labels"], positions=batch["response_mask"],
+                                 share_prefix=True)
+    out["log_probs"].sum().backward()
+    assert seen[0] == tuple(batch["input_ids"].shape)  # one ordinary pass: the KV cache is off

@@ -11,14 +11,6 @@ from rlvr.config import SFTConfig, load_config
 from rlvr.tracking import read_jsonl
 
 
-@pytest.fixture
-def model_dir(tmp_path, tiny_model, tokenizer):
-    path = tmp_path / "tiny"
-    tiny_model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 def _cfg(model_dir, out, **kw):
     base = dict(model=str(model_dir), dataset="arithmetic:steps=1,max=9", out=str(out), steps=6, batch_size=4,
                 microbatch_size=2, learning_rate=1e-2, warmup_steps=1, eval_every=3, eval_limit=2,
@@ -48,22 +40,14 @@ def test_sft_lowers_the_loss_and_writes_a_finished_model(tmp_path, model_dir):
     assert sft_module.train_sft(_cfg(model_dir, out, steps=12))["already_finished"]
 
 
-def test_crash_and_resume_logs_the_same_numbers(tmp_path, model_dir, monkeypatch):
+def test_crash_and_resume_logs_the_same_numbers(tmp_path, model_dir, crash_at):
     straight = tmp_path / "straight"
     sft_module.train_sft(_cfg(model_dir, straight, save_every=2))
-
     crashed = tmp_path / "crashed"
-    original = sft_module.MetricsLogger.log
-
-    def crash_at_5(self, step, metrics):
-        if step == 5:
-            raise KeyboardInterrupt("simulated crash")
-        return original(self, step, metrics)
-
-    monkeypatch.setattr(sft_module.MetricsLogger, "log", crash_at_5)
+    undo = crash_at(5)
     with pytest.raises(KeyboardInterrupt):
         sft_module.train_sft(_cfg(model_dir, crashed, save_every=2))
-    monkeypatch.setattr(sft_module.MetricsLogger, "log", original)
+    undo()
     assert (crashed / "checkpoints" / "latest").read_text() == "step_000004"
     sft_module.train_sft(_cfg(model_dir, crashed, save_every=2, resume=True))
     assert _strip(read_jsonl(crashed / "metrics.jsonl")) == _strip(read_jsonl(straight / "metrics.jsonl"))

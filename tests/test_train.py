@@ -20,14 +20,6 @@ def parity_reward(response: str, ground_truth: str) -> dict:
     return {"reward": r, "format_reward": float(code % 3 == 0), "answer_reward": r}
 
 
-@pytest.fixture
-def model_dir(tmp_path, tiny_model, tokenizer):
-    path = tmp_path / "tiny"
-    tiny_model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 @pytest.fixture(autouse=True)
 def _parity(monkeypatch):
     monkeypatch.setattr(train_module, "build_reward_fn", lambda cfg, name: parity_reward)
@@ -97,21 +89,14 @@ def _strip(rows):
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "offpolicy_gspo"])
-def test_kill_and_resume_gives_identical_metrics(tmp_path, model_dir, monkeypatch, algorithm):
+def test_kill_and_resume_gives_identical_metrics(tmp_path, model_dir, crash_at, algorithm):
     straight = tmp_path / "straight"
     train_module.train_grpo(_cfg(model_dir, straight, steps=4, save_every=2, algorithm=algorithm))
     crashed = tmp_path / "crashed"
-    original = train_module.MetricsLogger.log
-
-    def crash_at_3(self, step, metrics):
-        if step == 3:
-            raise KeyboardInterrupt("simulated kill")
-        return original(self, step, metrics)
-
-    monkeypatch.setattr(train_module.MetricsLogger, "log", crash_at_3)
+    undo = crash_at(3)
     with pytest.raises(KeyboardInterrupt):
         train_module.train_grpo(_cfg(model_dir, crashed, steps=4, save_every=2, algorithm=algorithm))
-    monkeypatch.setattr(train_module.MetricsLogger, "log", original)
+    undo()
     train_module.train_grpo(_cfg(model_dir, crashed, steps=4, save_every=2, algorithm=algorithm, resume=True))
     assert _strip(read_jsonl(crashed / "metrics.jsonl")) == _strip(read_jsonl(straight / "metrics.jsonl"))
     assert read_jsonl(crashed / "rollouts.jsonl") == read_jsonl(straight / "rollouts.jsonl")

@@ -46,55 +46,39 @@ def _setup_logging() -> None:
         pass
 
 
-@app.command("eval", context_settings=_EXTRA, help="Evaluate a model on GSM8K or another task.\n\n" + fields_help(EvalConfig))
-def eval_command(ctx: typer.Context, config: Path = ConfigOption):
+def _run(cls, config: Path | None, ctx: typer.Context, module: str, function: str) -> None:
+    """Validate the config, then import and run the command's function; expected errors exit 2."""
     _setup_logging()
-    cfg = _config(EvalConfig, config, ctx)
-    from rlvr.evaluate import run_eval
+    cfg = _config(cls, config, ctx)
+    from importlib import import_module
 
     try:
-        run_eval(cfg)
-    except (ValueError, FileNotFoundError) as err:
+        getattr(import_module(module), function)(cfg)
+    except (ValueError, FileNotFoundError, FileExistsError) as err:
         _fail(str(err))
+
+
+@app.command("eval", context_settings=_EXTRA, help="Evaluate a model on GSM8K or another task.\n\n" + fields_help(EvalConfig))
+def eval_command(ctx: typer.Context, config: Path = ConfigOption):
+    _run(EvalConfig, config, ctx, "rlvr.evaluate", "run_eval")
 
 
 @app.command("sft", context_settings=_EXTRA,
              help="Supervised fine-tuning on r1_zero-format worked solutions.\n\n" + fields_help(SFTConfig))
 def sft_command(ctx: typer.Context, config: Path = ConfigOption):
-    _setup_logging()
-    cfg = _config(SFTConfig, config, ctx)
-    from rlvr.sft import train_sft
-
-    try:
-        train_sft(cfg)
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
-        _fail(str(err))
+    _run(SFTConfig, config, ctx, "rlvr.sft", "train_sft")
 
 
 @app.command("train", context_settings=_EXTRA,
              help="RL training (GRPO and every preset of `rlvr algorithms`).\n\n" + fields_help(TrainConfig))
 def train_command(ctx: typer.Context, config: Path = ConfigOption):
-    _setup_logging()
-    cfg = _config(TrainConfig, config, ctx)
-    from rlvr.train import train_grpo
-
-    try:
-        train_grpo(cfg)
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
-        _fail(str(err))
+    _run(TrainConfig, config, ctx, "rlvr.train", "train_grpo")
 
 
 @app.command("demo", context_settings=_EXTRA,
              help="The whole pipeline on the default model: baseline, SFT, GRPO, before/after.\n\n" + fields_help(DemoConfig))
 def demo_command(ctx: typer.Context, config: Path = ConfigOption):
-    _setup_logging()
-    cfg = _config(DemoConfig, config, ctx)
-    from rlvr.demo import run_demo
-
-    try:
-        run_demo(cfg)
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
-        _fail(str(err))
+    _run(DemoConfig, config, ctx, "rlvr.demo", "run_demo")
 
 
 @app.command("algorithms")

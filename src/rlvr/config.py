@@ -192,6 +192,7 @@ class TrainingFields(BaseConfig):
     eval_limit: int = Field(200, ge=1, description="validation questions")
     eval_max_new_tokens: int = Field(256, ge=1)
     eval_temperature: float = Field(0.0, ge=0, description="0 = greedy validation")
+    eval_samples: int = Field(1, ge=1, description="completions per validation question (needs eval_temperature > 0)")
     generation_dtype: Dtype = Field("bfloat16", description="dtype of the rollout/eval engine's weight copy")
     generation_batch_size: int = Field(64, ge=1)
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
@@ -199,6 +200,11 @@ class TrainingFields(BaseConfig):
     tensorboard: bool = True
     wandb_project: str | None = None
     resume: bool = Field(False, description="continue from the last checkpoint in `out`")
+
+
+def _check_eval_sampling(cfg):
+    if cfg.eval_samples > 1 and cfg.eval_temperature == 0:
+        raise ValueError("eval_samples > 1 with eval_temperature 0 gives identical samples; set eval_temperature > 0")
 
 
 class SFTConfig(TrainingFields):
@@ -212,6 +218,7 @@ class SFTConfig(TrainingFields):
 
     @model_validator(mode="after")
     def _check(self):
+        _check_eval_sampling(self)
         if self.batch_size % self.microbatch_size:
             raise ValueError(f"batch_size={self.batch_size} is not a multiple of microbatch_size={self.microbatch_size}")
         if self.prompt not in ("r1_zero", "r1_zero_three_shot"):
@@ -256,6 +263,7 @@ class TrainConfig(TrainingFields):
     def _resolve_preset(self):
         from rlvr.estimators import get_preset
 
+        _check_eval_sampling(self)
         preset = get_preset(self.algorithm)
         for name in ("baseline", "advantage_normalizer", "importance_reweighting_method", "cliprange",
                      "cliprange_high", "loss_normalization", "beta", "kl_estimator", "steps_per_rollout",

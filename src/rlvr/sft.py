@@ -20,8 +20,8 @@ from rlvr.data import jsonl_fields, load_dataset, r1_zero_response
 from rlvr.policy import autocast, get_response_log_probs, sft_microbatch_train_step, tokenize_prompt_and_output
 from rlvr.prompts import get_prompt
 from rlvr.rollout import HFEngine
-from rlvr.tracking import MetricsLogger
-from rlvr.training import build_optimizer, epoch_order, fmt_metrics, load_policy, start_run, validate
+from rlvr.training import (build_optimizer, epoch_order, fmt_metrics, load_policy, open_logger, restore, start_run,
+                            validate)
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +42,8 @@ def train_sft(cfg: SFTConfig) -> dict:
     val = load_dataset(cfg.dataset, "validation", limit=cfg.eval_limit, seed=cfg.seed, **jsonl_fields(cfg))
     model, tokenizer, state = load_policy(cfg, run_dir)
     optimizer, scheduler = build_optimizer(model, cfg, cfg.steps)
-    step, epoch, position = 0, 0, 0
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        ckpt.set_rng_state(state["rng"])
-        step, epoch, position = state["step"], state["epoch"], state["position"]
-    logger = MetricsLogger(run_dir, cfg.tensorboard, cfg.wandb_project, cfg.model_dump(),
-                           resume_step=step if state is not None else (-1 if cfg.resume else None))
+    step, epoch, position = restore(state, optimizer, scheduler)
+    logger = open_logger(run_dir, cfg, state)
     engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)
     accumulation = cfg.batch_size // cfg.microbatch_size
     order = epoch_order(len(train), f"sft-{cfg.seed}", epoch)

@@ -34,8 +34,7 @@ from rlvr.policy import tokenize_prompt_and_output
 from rlvr.prompts import get_prompt
 from rlvr.rewards import combine_rewards, format_reward_fn, get_reward_fn, rewards_and_metadata, score_batch
 from rlvr.rollout import HFEngine, SamplingParams
-from rlvr.training import build_optimizer, epoch_order, load_policy, start_run, validate
-from rlvr.tracking import MetricsLogger
+from rlvr.training import build_optimizer, epoch_order, load_policy, open_logger, restore, start_run, validate
 
 log = logging.getLogger(__name__)
 
@@ -116,15 +115,10 @@ def train_grpo(cfg: TrainConfig) -> dict:
     optimizer, scheduler = build_optimizer(model, cfg, cfg.steps * k)
     reference = _reference_model(cfg, model)
     monitor = RunMonitor(cfg.max_new_tokens)
-    step, epoch, position = 0, 0, 0
+    step, epoch, position = restore(state, optimizer, scheduler)
     if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        ckpt.set_rng_state(state["rng"])
         monitor.load(state["monitor"])
-        step, epoch, position = state["step"], state["epoch"], state["position"]
-    logger = MetricsLogger(run_dir, cfg.tensorboard, cfg.wandb_project, cfg.model_dump(),
-                           resume_step=step if state is not None else (-1 if cfg.resume else None))
+    logger = open_logger(run_dir, cfg, state)
     engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)
     n_questions = cfg.rollout_batch_size // cfg.group_size
     order = epoch_order(len(train), f"grpo-{cfg.seed}", epoch)

@@ -60,7 +60,7 @@ def validate(engine: HFEngine, policy, examples: list[Example], prompt: PromptTe
     """Greedy (by default) validation through the evaluation code; returns metrics and the records."""
     engine.sync_weights(policy)
     sampling = SamplingParams(temperature=cfg.eval_temperature, max_new_tokens=cfg.eval_max_new_tokens,
-                              stop=prompt.stop, seed=cfg.seed)
+                              stop=prompt.stop, seed=cfg.seed, n=cfg.eval_samples)
     result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer)
     s = result.summary
     metrics = {
@@ -69,6 +69,7 @@ def validate(engine: HFEngine, policy, examples: list[Example], prompt: PromptTe
         f"{prefix}/mean_response_tokens": s["mean_response_tokens"],
         f"{prefix}/truncated_rate": s["truncated_rate"],
         f"{prefix}/seconds": s["seconds"],
+        **{f"{prefix}/pass@{k}": v for k, v in s.get("pass_at_k", {}).items()},
     }
     return metrics, result.records
 
@@ -80,6 +81,25 @@ def start_run(cfg: TrainingFields) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.save(run_dir / "config.yaml")
     return run_dir
+
+
+def restore(state: dict | None, optimizer, scheduler) -> tuple[int, int, int]:
+    """Put a checkpoint's optimizer, schedule and RNG state back; returns (step, epoch, position)."""
+    if state is None:
+        return 0, 0, 0
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    ckpt.set_rng_state(state["rng"])
+    return state["step"], state["epoch"], state["position"]
+
+
+def open_logger(run_dir: Path, cfg: TrainingFields, state: dict | None):
+    """The run's metrics logger; a resumed run first drops what was logged after its checkpoint (or
+    everything, when it is resumed without one)."""
+    from rlvr.tracking import MetricsLogger
+
+    resume_step = state["step"] if state is not None else (-1 if cfg.resume else None)
+    return MetricsLogger(run_dir, cfg.tensorboard, cfg.wandb_project, cfg.model_dump(), resume_step=resume_step)
 
 
 def epoch_order(n: int, key: str, epoch: int) -> list[int]:
