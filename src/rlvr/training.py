@@ -28,8 +28,9 @@ def build_optimizer(model, cfg: TrainingFields, total_steps: int):
     from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
 
     params = [p for p in model.parameters() if p.requires_grad]
+    # fused: one kernel per parameter instead of foreach's lists of parameter-sized temporaries (peak memory)
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                  weight_decay=cfg.weight_decay)
+                                  weight_decay=cfg.weight_decay, fused=True)
     if cfg.lr_schedule == "cosine":
         scheduler = get_cosine_with_min_lr_schedule_with_warmup(
             optimizer, cfg.warmup_steps, total_steps, min_lr_rate=cfg.min_lr_ratio)
