@@ -55,6 +55,17 @@ def test_group_normalized_rewards_zero_spread_groups_and_maxrl_zero_mean():
     assert torch.equal(adv_std[:4], torch.zeros(4))
 
 
+@pytest.mark.parametrize("normalizer", ["std", "none", "mean"])
+def test_group_of_equal_non_binary_rewards_has_exactly_zero_advantage(normalizer):
+    # correctness 0 + 0.2 format bonus for all eight: the float32 mean misses 0.2 by 1.5e-8, and std + eps
+    # would turn that into advantages of -0.015 (a real update under Adam) instead of no signal
+    rewards = torch.tensor([1.0 * 0 + 0.2 * 1.0] * 8 + [1.2, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2, 0.2])
+    adv, meta = compute_group_normalized_rewards(rewards, 8, advantage_normalizer=normalizer)
+    assert torch.equal(adv[:8], torch.zeros(8))
+    assert adv[8] > 0 and (adv[9:] < 0).all()
+    assert meta["frac_groups_zero_std"].item() == 0.5
+
+
 def test_group_normalized_rewards_reinforce_group_of_one():
     adv, _ = compute_group_normalized_rewards(torch.tensor([1.0, 0.0, 1.0]), 1, baseline="none", advantage_normalizer="none")
     assert adv.tolist() == [1.0, 0.0, 1.0]

@@ -302,10 +302,10 @@ class DemoConfig(BaseConfig):
     seed: int = 0
     eval_limit: int = Field(100, ge=1, description="test questions evaluated before and after")
     eval_max_new_tokens: int = Field(256, ge=1)
-    sft_steps: int = Field(40, ge=1)
+    sft_steps: int = Field(30, ge=1)
     sft_batch_size: int = Field(16, ge=1)
     sft_learning_rate: float = Field(1e-4, gt=0)
-    grpo_steps: int = Field(6, ge=1)
+    grpo_steps: int = Field(4, ge=1)
     grpo_algorithm: str = "grpo"
     grpo_learning_rate: float = Field(1e-5, gt=0)
     rollout_batch_size: int = Field(32, ge=1)

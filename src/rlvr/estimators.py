@@ -199,21 +199,26 @@ def compute_group_normalized_rewards(
 
     rewards = raw_rewards.float().view(-1, group_size)
     group_mean = rewards.mean(dim=1, keepdim=True)
+    no_spread = rewards.max(dim=1, keepdim=True).values == rewards.min(dim=1, keepdim=True).values
     advantages = rewards - group_mean if baseline == "mean" else rewards
+    if baseline == "mean":
+        # the float mean of equal rewards can miss them by an ulp (eight 0.2s: -1.5e-8 each), and dividing by
+        # the equally tiny std + eps turns that into a uniform advantage of -0.015 that Adam scales up to a
+        # full-size update; a group with no spread has exactly zero advantage
+        advantages = advantages.masked_fill(no_spread, 0.0)
     group_std = rewards.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(group_mean)
     if advantage_normalizer == "std":
         advantages = advantages / (group_std + advantage_eps)
     elif advantage_normalizer == "mean":
         advantages = advantages / (group_mean + advantage_eps)
 
-    no_spread = (rewards.max(dim=1).values == rewards.min(dim=1).values).float()
     metadata = {
         "reward_mean": rewards.mean(),
         "reward_std": rewards.std() if rewards.numel() > 1 else torch.zeros(()),
         "reward_max": rewards.max(),
         "reward_min": rewards.min(),
         "group_reward_std_mean": group_std.mean(),
-        "frac_groups_zero_std": no_spread.mean(),
+        "frac_groups_zero_std": no_spread.float().mean(),
         "advantage_mean": advantages.mean(),
         "advantage_abs_max": advantages.abs().max(),
     }
