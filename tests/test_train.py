@@ -123,3 +123,26 @@ def test_train_config_validation_and_cli(tmp_path, model_dir):
                                       "tensorboard=false", "--algorithm", "dr_grpo"])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "cli" / "config.yaml").read_text().count("loss_normalization: constant") == 1
+
+
+def test_every_run_seed_holds_out_the_same_validation_questions(tmp_path, model_dir, monkeypatch):
+    # the run seed varies sampling and data order; the split must not move, or seed 1 validates on questions
+    # the SFT checkpoint (split seed 0) trained on, and seeds are compared on different sets
+    from rlvr import sft as sft_module
+    from rlvr.config import SFTConfig
+
+    seen = []
+
+    def recording(name, split, **kw):
+        seen.append((split, kw["seed"]))
+        return real(name, split, **kw)
+
+    real = train_module.load_dataset
+    monkeypatch.setattr(train_module, "load_dataset", recording)
+    monkeypatch.setattr(sft_module, "load_dataset", recording)
+    train_module.train_grpo(_cfg(model_dir, tmp_path / "grpo", seed=7, steps=1, eval_at_start=False))
+    sft_module.train_sft(load_config(SFTConfig, overrides=dict(
+        model=str(model_dir), dataset="arithmetic:steps=1,max=9", out=str(tmp_path / "sft"), seed=7, steps=1,
+        batch_size=2, microbatch_size=2, eval_every=0, eval_at_start=False, eval_at_end=False,
+        precision="fp32", tensorboard=False)))
+    assert seen == [("train", 0), ("validation", 0)] * 2

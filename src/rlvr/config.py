@@ -134,6 +134,8 @@ class EvalConfig(BaseConfig):
     prompt: str = Field("r1_zero", description="question_only | r1_zero | r1_zero_three_shot | chat")
     dataset: str = Field("gsm8k", description="gsm8k | arithmetic[:steps=N,max=M] | path.jsonl")
     split: Literal["train", "validation", "test"] = "test"
+    split_seed: int = Field(0, ge=0, description="seed of the train/validation split, kept apart from `seed` so "
+                            "that every run of a sweep (and the SFT before it) holds out the same questions")
     question_field: str = Field("question", description="JSONL datasets: the question's field")
     answer_field: str = Field("answer", description="JSONL datasets: the answer's field (bare or '#### x')")
     limit: int | None = Field(None, ge=1, description="first N questions")
@@ -168,6 +170,8 @@ class TrainingFields(BaseConfig):
     answer_field: str = Field("answer", description="JSONL datasets: the answer's field (bare or '#### x')")
     out: str = Field("runs/run", description="run directory")
     seed: int = 0
+    split_seed: int = Field(0, ge=0, description="seed of the train/validation split, kept apart from `seed` so "
+                            "that every run of a sweep (and the SFT before it) holds out the same questions")
     # optimisation
     learning_rate: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)

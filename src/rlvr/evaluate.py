@@ -158,7 +158,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     from rlvr.rollout import HFEngine
 
     prompt = get_prompt(cfg.prompt)
-    examples = load_dataset(cfg.dataset, cfg.split, limit=cfg.limit, **jsonl_fields(cfg))
+    examples = load_dataset(cfg.dataset, cfg.split, limit=cfg.limit, seed=cfg.split_seed, **jsonl_fields(cfg))
     out = Path(cfg.out or f"runs/eval/{Path(cfg.model).name}-{cfg.prompt}-{cfg.split}")
     out.mkdir(parents=True, exist_ok=True)
     cfg.save(out / "config.yaml")
