@@ -305,6 +305,17 @@ def test_grid_expands_into_run_configs_and_directory_names(tmp_path):
     assert {r.status for r in plan} == {"new"}
 
 
+def test_sweep_checks_a_jsonl_dataset_with_its_own_field_names(tmp_path):
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(f'{{"q": "question {i}?", "a": {i}}}\n' for i in range(20)))
+    base = {**BASE, "dataset": str(data), "question_field": "q", "answer_field": "a"}
+    plan = ex.plan_sweep(ex.load_sweep(write_sweep(tmp_path / "qa.yaml", {"seed": [0, 1]}, base=base)))
+    assert [r.status for r in plan] == ["new", "new"]
+    wrong = {**base, "question_field": "question"}
+    with pytest.raises(ConfigError, match="field 'dataset'.*question"):
+        ex.plan_sweep(ex.load_sweep(write_sweep(tmp_path / "wrong.yaml", {"seed": [0]}, base=wrong)))
+
+
 def test_sweep_validation_names_the_file_and_the_field(tmp_path):
     bad_key = write_sweep(tmp_path / "a.yaml", {"lerning_rate": [1e-5]})
     with pytest.raises(ConfigError, match=r"a\.yaml: grid: unknown field\(s\) 'lerning_rate'"):

@@ -128,6 +128,7 @@ def test_train_config_validation_and_cli(tmp_path, model_dir):
 def test_every_run_seed_holds_out_the_same_validation_questions(tmp_path, model_dir, monkeypatch):
     # the run seed varies sampling and data order; the split must not move, or seed 1 validates on questions
     # the SFT checkpoint (split seed 0) trained on, and seeds are compared on different sets
+    from rlvr import data as data_module
     from rlvr import sft as sft_module
     from rlvr.config import SFTConfig
 
@@ -137,9 +138,8 @@ def test_every_run_seed_holds_out_the_same_validation_questions(tmp_path, model_
         seen.append((split, kw["seed"]))
         return real(name, split, **kw)
 
-    real = train_module.load_dataset
-    monkeypatch.setattr(train_module, "load_dataset", recording)
-    monkeypatch.setattr(sft_module, "load_dataset", recording)
+    real = data_module.load_dataset
+    monkeypatch.setattr(data_module, "load_dataset", recording)
     train_module.train_grpo(_cfg(model_dir, tmp_path / "grpo", seed=7, steps=1, eval_at_start=False))
     sft_module.train_sft(load_config(SFTConfig, overrides=dict(
         model=str(model_dir), dataset="arithmetic:steps=1,max=9", out=str(tmp_path / "sft"), seed=7, steps=1,

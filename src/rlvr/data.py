@@ -199,9 +199,11 @@ def arithmetic(split: str = "train", n: int | None = None, spec: ArithmeticSpec 
 # One entry point for every named dataset.
 
 
-def jsonl_fields(cfg) -> dict[str, str]:
-    """The JSONL field names a config asks for, as keyword arguments of `load_jsonl`."""
-    return {"question_field": cfg.question_field, "answer_field": cfg.answer_field}
+def load_split(cfg, split: str, limit: int | None = None) -> list[Example]:
+    """`split` of the dataset a config names, read with its JSONL field names and its `split_seed` (never
+    the run seed: every run of a sweep, and the SFT before them, must hold out the same questions)."""
+    return load_dataset(cfg.dataset, split, limit=limit, seed=cfg.split_seed,
+                        question_field=cfg.question_field, answer_field=cfg.answer_field)
 
 
 def load_dataset(

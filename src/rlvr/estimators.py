@@ -200,12 +200,13 @@ def compute_group_normalized_rewards(
     rewards = raw_rewards.float().view(-1, group_size)
     group_mean = rewards.mean(dim=1, keepdim=True)
     no_spread = rewards.max(dim=1, keepdim=True).values == rewards.min(dim=1, keepdim=True).values
-    advantages = rewards - group_mean if baseline == "mean" else rewards
     if baseline == "mean":
         # the float mean of equal rewards can miss them by an ulp (eight 0.2s: -1.5e-8 each), and dividing by
         # the equally tiny std + eps turns that into a uniform advantage of -0.015 that Adam scales up to a
         # full-size update; a group with no spread has exactly zero advantage
-        advantages = advantages.masked_fill(no_spread, 0.0)
+        advantages = (rewards - group_mean).masked_fill(no_spread, 0.0)
+    else:
+        advantages = rewards
     group_std = rewards.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(group_mean)
     if advantage_normalizer == "std":
         advantages = advantages / (group_std + advantage_eps)

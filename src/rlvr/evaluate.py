@@ -152,13 +152,13 @@ def run_eval(cfg: EvalConfig) -> dict:
     """Evaluate a model with one prompt on one split; write results.jsonl and summary.json; print the table."""
     from tqdm import tqdm
 
-    from rlvr.data import jsonl_fields, load_dataset
+    from rlvr.data import load_split
     from rlvr.models import load_model
     from rlvr.prompts import get_prompt
     from rlvr.rollout import HFEngine
 
     prompt = get_prompt(cfg.prompt)
-    examples = load_dataset(cfg.dataset, cfg.split, limit=cfg.limit, seed=cfg.split_seed, **jsonl_fields(cfg))
+    examples = load_split(cfg, cfg.split, cfg.limit)
     out = Path(cfg.out or f"runs/eval/{Path(cfg.model).name}-{cfg.prompt}-{cfg.split}")
     out.mkdir(parents=True, exist_ok=True)
     cfg.save(out / "config.yaml")

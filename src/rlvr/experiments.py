@@ -489,7 +489,7 @@ def load_sweep(path: str | Path, overrides: list[str] | dict | None = None) -> S
 
 def _check_names(cfg: TrainConfig) -> None:
     """What TrainConfig leaves to run time but costs nothing to check now: the prompt and the dataset."""
-    from rlvr.data import load_dataset
+    from rlvr.data import load_split
     from rlvr.prompts import get_prompt
 
     try:
@@ -497,7 +497,7 @@ def _check_names(cfg: TrainConfig) -> None:
     except ValueError as err:
         raise ConfigError(f"field 'prompt': {err}") from None
     try:
-        load_dataset(cfg.dataset, "validation", limit=1)
+        load_split(cfg, "validation", 1)
     except (ValueError, FileNotFoundError) as err:
         raise ConfigError(f"field 'dataset': {err}") from None
 

@@ -16,7 +16,7 @@ import torch
 
 from rlvr import checkpoint as ckpt
 from rlvr.config import SFTConfig
-from rlvr.data import jsonl_fields, load_dataset, r1_zero_response
+from rlvr.data import load_split, r1_zero_response
 from rlvr.policy import autocast, get_response_log_probs, sft_microbatch_train_step, tokenize_prompt_and_output
 from rlvr.prompts import get_prompt
 from rlvr.rollout import HFEngine
@@ -38,8 +38,8 @@ def train_sft(cfg: SFTConfig) -> dict:
     run_dir = start_run(cfg)
     ckpt.seed_everything(cfg.seed)
     prompt = get_prompt(cfg.prompt)
-    train = load_dataset(cfg.dataset, "train", limit=cfg.train_limit, seed=cfg.split_seed, **jsonl_fields(cfg))
-    val = load_dataset(cfg.dataset, "validation", limit=cfg.eval_limit, seed=cfg.split_seed, **jsonl_fields(cfg))
+    train = load_split(cfg, "train", cfg.train_limit)
+    val = load_split(cfg, "validation", cfg.eval_limit)
     model, tokenizer, state = load_policy(cfg, run_dir)
     optimizer, scheduler = build_optimizer(model, cfg, cfg.steps)
     step, epoch, position = restore(state, optimizer, scheduler)

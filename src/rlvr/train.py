@@ -26,7 +26,7 @@ import torch
 
 from rlvr import checkpoint as ckpt
 from rlvr.config import TrainConfig
-from rlvr.data import jsonl_fields, load_dataset
+from rlvr.data import load_split
 from rlvr.estimators import compute_group_normalized_rewards
 from rlvr.evaluate import pass_at_k
 from rlvr.grpo import NonFiniteLoss, policy_gradient_update, score_log_probs
@@ -107,8 +107,8 @@ def train_grpo(cfg: TrainConfig) -> dict:
         return evaluate_finished(cfg, finished)
     run_dir = start_run(cfg)
     ckpt.seed_everything(cfg.seed)
-    train = load_dataset(cfg.dataset, "train", limit=cfg.train_limit, seed=cfg.split_seed, **jsonl_fields(cfg))
-    val = load_dataset(cfg.dataset, "validation", limit=cfg.eval_limit, seed=cfg.split_seed, **jsonl_fields(cfg))
+    train = load_split(cfg, "train", cfg.train_limit)
+    val = load_split(cfg, "validation", cfg.eval_limit)
     reward_fn = build_reward_fn(cfg, prompt.reward)
     model, tokenizer, state = load_policy(cfg, run_dir)
     k = cfg.steps_per_rollout
@@ -317,7 +317,7 @@ def evaluate_finished(cfg: TrainConfig, final: Path) -> dict:
     log.info("%s holds a finished model; evaluating it instead of training", final)
     model, tokenizer = load_model(str(final))
     engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)
-    val = load_dataset(cfg.dataset, "validation", limit=cfg.eval_limit, seed=cfg.split_seed, **jsonl_fields(cfg))
+    val = load_split(cfg, "validation", cfg.eval_limit)
     metrics, _ = validate(engine, model, val, get_prompt(cfg.prompt), tokenizer, cfg)
     log.info("finished model: %s", ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
     return {**metrics, "final": str(final), "already_finished": True}
