@@ -6,11 +6,15 @@
    GSM8K test answers (the mix is printed), in responses per second, warm pool, median of 3 passes.
 2. Worst-case latency: each adversarial response graded alone at the default 1 s limit, then all of
    them in one batch.
+3. Agreement: the table of tests/test_grading_cases.py (hedged answers, restated computations, tags,
+   Unicode digits, scientific notation, mixed numbers, CJK units and magnitudes, units, LaTeX) through
+   all three reward functions, as right x/N, rewritten x/N and wrong-rejected x/N per category.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -25,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from rlvr.rewards import configure_grading, r1_zero_reward_fn, score_batch  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "src" / "rlvr" / "data" / "gsm8k" / "test.jsonl"
+CASES = Path(__file__).resolve().parents[1] / "tests" / "test_grading_cases.py"
 
 # (kind, share of the batch, how the answer block is written); `g` is the gold integer.
 MIX = [
@@ -32,7 +37,7 @@ MIX = [
     ("wrong, plain", 0.20, lambda g, rng: f"<answer> {g + rng.choice([-10, -1, 1, 2, 100])} </answer>"),
     ("right, formatted ($1,000 / units / \\boxed)", 0.10, lambda g, rng: "<answer> " + rng.choice(
         [f"${g:,}", f"{g} dollars", f"\\boxed{{{g}}}", f"{g}.00", f"**{g}**"]) + " </answer>"),
-    ("\\frac or other LaTeX (math-verify)", 0.08, lambda g, rng: "<answer> " + rng.choice(
+    ("\\frac, x = or other LaTeX", 0.08, lambda g, rng: "<answer> " + rng.choice(
         [f"\\frac{{{2 * g}}}{{2}}", f"\\frac{{{g + 1}}}{{1}}", f"x = {g}", f"\\dfrac{{{3 * g}}}{{3}}"]) + " </answer>"),
     ("missing or truncated tags", 0.12, lambda g, rng: rng.choice(
         [f"The answer is {g}.", f"<answer> {g}", "so the total is", f"\\boxed{{{g}}}"])),
@@ -80,7 +85,7 @@ def main() -> None:
     print(f"grading workers: {os.cpu_count()} (os.cpu_count()), time limit 1.0 s")
 
     start = time.perf_counter()
-    r1_zero_reward_fn(" </think> <answer> \\frac{1}{2} </answer>", "0.5")
+    r1_zero_reward_fn(" </think> <answer> \\sqrt{0.25} </answer>", "0.5")  # \\frac is exact, in-process
     print(f"pool start-up (first slow-path grading): {time.perf_counter() - start:.2f} s")
 
     responses, golds, mix = synthetic_batch(args.n, args.seed)
@@ -119,11 +124,30 @@ def main() -> None:
         f"(timeouts {meta['grading/timeouts']}, errors {meta['grading/errors']}, too long {meta['grading/too_long']})"
     )
 
+    agreement = table_agreement()
+
     print(
         f"\nSUMMARY: {throughput:,.0f} responses/s on {args.n} typical r1_zero outputs; worst-case latency "
         f"{latencies[worst_name]:.2f} s ({worst_name}) at the 1 s limit; {len(batch)} adversarial in one batch "
-        f"{batch_s:.2f} s on {os.cpu_count()} workers"
+        f"{batch_s:.2f} s on {os.cpu_count()} workers; agreement table {agreement}"
     )
+
+
+def table_agreement() -> str:
+    """Print the agreement counts of the test table per category; return the totals in one line."""
+    try:
+        spec = importlib.util.spec_from_file_location("test_grading_cases", CASES)
+        table = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(table)
+    except Exception as error:  # pytest missing, or the tests not shipped
+        print(f"\nagreement table: not available ({error})")
+        return "not available"
+    counts = table.agreement()
+    print("\nagreement with the table of tests/test_grading_cases.py (every case through all three reward fns):")
+    print(table.format_agreement(counts))
+    kinds = ("right", "rewritten", "wrong")
+    totals = {k: [sum(c[k][i] for c in counts.values() if k in c) for i in (0, 1)] for k in kinds}
+    return ", ".join(f"{k} {a}/{n}" for k, (a, n) in totals.items())
 
 
 if __name__ == "__main__":  # the grading workers' forkserver imports this file

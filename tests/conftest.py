@@ -73,3 +73,14 @@ def crash_at(monkeypatch):
         return lambda: monkeypatch.setattr(MetricsLogger, "log", original)
 
     return arm
+
+
+@pytest.fixture
+def default_grading():
+    """Grading counts zeroed and the default grading configuration restored afterwards."""
+    from rlvr.rewards import configure_grading, reset_grading_stats
+
+    reset_grading_stats()
+    yield
+    configure_grading()
+    reset_grading_stats()

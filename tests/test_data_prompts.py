@@ -1,6 +1,5 @@
 """Datasets, the arithmetic task, SFT targets and prompt templates."""
 
-import json
 import re
 
 import pytest

@@ -134,6 +134,15 @@ def test_loss_grpo_clip_higher_is_asymmetric():
     assert high.item() == pytest.approx(-1.25) and m2["clip_fraction"].item() == 0.0
 
 
+def test_clip_fraction_counts_both_branches_of_the_clip():
+    # A > 0 clipped above (ratio 1.5 > 1.2), A < 0 clipped below (ratio 0.5 < 0.8), and one free token of each
+    logp = torch.log(torch.tensor([[1.5, 1.1], [0.5, 0.9]]))
+    loss, meta = compute_policy_gradient_loss(torch.tensor([1.0, -1.0]), logp, "grpo", old_log_probs=torch.zeros(2, 2),
+                                              cliprange=0.2)
+    torch.testing.assert_close(loss, torch.tensor([[-1.2, -1.1], [0.8, 0.9]]))
+    assert meta["clip_fraction"].item() == 0.5
+
+
 def test_loss_gspo_hand_values_and_mask():
     loss, meta = compute_policy_gradient_loss(A, LOGP, "gspo", old_log_probs=OLD, cliprange=0.2)
     # row 0: s = exp(mean(0, -1)) = e^-.5, A=2 -> -2 e^-.5 (unclipped); row 1: s = e^-.75 < 0.8 with A<0 -> clipped, 0.8
@@ -271,6 +280,8 @@ def _sequence_weights(aggregation: str, mask: torch.Tensor, constant: float) -> 
     lengths = mask.sum(-1).float()
     if aggregation == "sequence":
         return 1.0 / (mask.shape[0] * lengths)  # 1/(BG) * 1/len(y), eq. 28
+    if aggregation == "sum":
+        return torch.full_like(lengths, 1.0 / mask.shape[0])  # 1/(BG), eq. 14 and 20
     if aggregation == "constant":
         return torch.full_like(lengths, 1.0 / constant)  # 1/Z, eq. 33
     return torch.full_like(lengths, 1.0 / mask.sum().item())  # DAPO token mean
@@ -301,7 +312,7 @@ def _closed_form_gradient(method, logp, old, mask, adv, eps, eps_high, c):
 
 
 METHODS = ["none", "noclip", "grpo", "gspo", "cispo"]
-AGGREGATIONS = ["sequence", "constant", "token"]
+AGGREGATIONS = ["sequence", "sum", "constant", "token"]
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -328,10 +339,11 @@ def test_autograd_gradient_equals_closed_form(method, aggregation, seed):
 def test_gspo_sequence_gradient_is_eq_65_written_out():
     # eq. 65 for one sequence: A * s * (1/L) * sum_t grad log pi; check d/d logp_t = -(1/B) A s / L
     logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
-    old = torch.tensor([[-1.1, -1.9, -0.5]])
+    old = torch.tensor([[-1.3, -1.9, -0.6]])  # log ratios 0.3, -0.1, 0.1: s = e^0.1, inside the clip
     loss, _ = compute_policy_gradient_loss(torch.tensor([0.7]), logp, "gspo", old_log_probs=old, cliprange=0.5)
     aggregate_loss_across_microbatch(loss, torch.ones(1, 3)).backward()
-    s = math.exp((0.1 - 0.1 + 0.0) / 3)
+    s = math.exp((0.3 - 0.1 + 0.1) / 3)
+    assert s == pytest.approx(1.10517, rel=1e-4)
     torch.testing.assert_close(logp.grad, torch.full((1, 3), -0.7 * s / 3))
 
 
@@ -362,7 +374,7 @@ def _grad_rows(method, aggregation, logp, old, mask, adv, constant, row_groups, 
         loss, _ = compute_policy_gradient_loss(
             adv[rows], x[rows], method, old_log_probs=old[rows], cliprange=0.2, response_mask=mask[rows]
         )
-        norm = {"constant": constant, "token": total_tokens, "sequence": None}[aggregation]
+        norm = {"constant": constant, "token": total_tokens, "sequence": None, "sum": None}[aggregation]
         mb = aggregate_loss_across_microbatch(loss, mask[rows], aggregation, norm)
         (mb * E.microbatch_loss_scale(aggregation, len(rows), n_total)).backward()
     return x.grad

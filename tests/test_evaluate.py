@@ -8,9 +8,9 @@ from typer.testing import CliRunner
 
 from rlvr.cli import app
 from rlvr.data import Example
-from rlvr.evaluate import evaluate, pass_at_k, summarize
+from rlvr.evaluate import evaluate, pass_at_k, summarize, write_results
 from rlvr.prompts import get_prompt
-from rlvr.rollout import HFEngine, SamplingParams
+from rlvr.rollout import Completion, HFEngine, SamplingParams
 
 
 def _record(q, reward, fmt, tokens=10, finish="stop"):
@@ -82,3 +82,132 @@ def test_rlvr_eval_rejects_bad_config(tmp_path):
     assert result.exit_code == 2 and "unknown field(s) 'limt'" in result.output
     result = CliRunner().invoke(app, ["eval", "--samples", "4", "--temperature", "0"])
     assert result.exit_code == 2 and "temperature" in result.output
+
+
+# ----------------------------------------------------------------------------------------------------
+# Evaluation end to end on a stub engine with known completions (issue 21): a non-zero score whose every
+# number is computed by hand below.
+
+RIGHT, WRONG, LOOSE = "right", "formatted-wrong", "unformatted"
+# question, ground truth, and its 4 samples: (kind, response, finish reason, response tokens)
+STUB = [
+    ("What is 2+2?", "4", [(RIGHT, " 2+2=4 </think> <answer> 4 </answer>", "stop", 10),
+                           (RIGHT, " two and two </think> <answer> 4 </answer>", "stop", 11),
+                           (WRONG, " 2+2=5 </think> <answer> 5 </answer>", "stop", 12),
+                           (LOOSE, " 2+2 is 4", "stop", 13)]),
+    ("What is 3+5?", "8", [(RIGHT, " 3+5=8 </think> <answer> 8 </answer>", "stop", 13),
+                           (WRONG, " 3+5=4 </think> <answer> 4 </answer>", "stop", 14),
+                           (WRONG, " 3+5=2 </think> <answer> 2 </answer>", "stop", 15),
+                           (LOOSE, " 3 plus 5 is 8 and then", "length", 16)]),
+    ("What is 9-7?", "2", [(WRONG, " 9-7=8 </think> <answer> 8 </answer>", "stop", 16),
+                           (LOOSE, " 9-7=2", "stop", 17),
+                           (LOOSE, " nine minus seven is", "length", 18),
+                           (WRONG, " 9-7=4 </think> <answer> 4 </answer>", "stop", 19)]),
+]
+# Every response that is right for its own question is wrong for the others (and the formatted-wrong ones
+# name another question's answer), so a record graded against a neighbour's ground truth changes the numbers.
+SCORES = {RIGHT: (1.0, 1.0, 1.0), WRONG: (0.0, 1.0, 0.0), LOOSE: (0.0, 0.0, 0.0)}  # reward, format, answer
+
+
+class StubEngine:
+    """The RolloutEngine contract with canned completions: prompt-major, `sampling.n` per prompt. Each
+    prompt's completions are looked up by the question it contains, not by its position."""
+
+    def __init__(self, table=STUB, reverse=False):
+        self.table, self.reverse = table, reverse
+        self.calls, self.synced = [], []
+
+    def generate(self, prompts, sampling, progress=None):
+        self.calls.append((list(prompts), sampling))
+        out = []
+        for i, p in enumerate(prompts):
+            (samples,) = [s for q, _, s in self.table if f"User: {q}\n" in p]
+            assert sampling.n == len(samples)
+            for j, (_, text, finish, tokens) in enumerate(samples):
+                out.append(Completion(i, j, text, list(range(100, 100 + tokens)), finish))
+        if progress is not None:
+            progress(len(out))
+        return out[::-1] if self.reverse else out
+
+    def sync_weights(self, policy):
+        self.synced.append(policy)
+
+
+def _stub_examples():
+    return [Example(q, a, id=f"stub:{i}") for i, (q, a, _) in enumerate(STUB)]
+
+
+def _expected_records():
+    prompt = get_prompt("r1_zero")
+    rows = []
+    for qi, (q, a, samples) in enumerate(STUB):
+        for si, (kind, text, finish, tokens) in enumerate(samples):
+            reward, fmt, answer = SCORES[kind]
+            rows.append({"question_index": qi, "sample_index": si, "id": f"stub:{qi}", "question": q,
+                         "prompt": prompt.format(q), "response": text, "ground_truth": a, "reward": reward,
+                         "format_reward": fmt, "answer_reward": answer, "tokens": tokens, "finish_reason": finish})
+    return rows
+
+
+# 3 right, 5 formatted-wrong, 4 unformatted of 12; 2 truncated; tokens 10..19 in the table above: sum 174.
+# pass@k per question with n = 4 and c = 2, 1, 0 correct, pass@k = 1 - C(n-c, k) / C(n, k):
+#   c=2: k=1 0.5, k=2 1 - 1/6 = 5/6, k=3 1, k=4 1;  c=1: 0.25, 1 - 3/6 = 0.5, 1 - 1/4 = 0.75, 1;  c=0: 0
+EXPECTED_SUMMARY = {
+    "n": 12, "questions": 3, "samples": 4, "accuracy": 3 / 12, "answer_rate": 3 / 12, "format_rate": 8 / 12,
+    "categories": {"format1_answer1": 3, "format1_answer0": 5, "format0_answer0": 4},
+    "mean_response_tokens": 174 / 12, "max_response_tokens": 19, "truncated_rate": 2 / 12,
+    "pass_at_k": {"1": (0.5 + 0.25) / 3, "2": (5 / 6 + 0.5) / 3, "3": (1 + 0.75) / 3, "4": 2 / 3},
+}
+
+
+def _assert_summary(summary):
+    timing = {k: summary[k] for k in ("seconds", "completions_per_second") if k in summary}
+    assert set(summary) - set(timing) == set(EXPECTED_SUMMARY)
+    for key, value in EXPECTED_SUMMARY.items():
+        assert summary[key] == pytest.approx(value), key
+
+
+def test_evaluate_on_a_stub_engine_gives_the_hand_computed_score(tmp_path):
+    engine = StubEngine()
+    done = []
+    result = evaluate(engine, _stub_examples(), get_prompt("r1_zero"), SamplingParams(n=4, max_new_tokens=16),
+                      progress=done.append)
+    (prompts, sampling), = engine.calls
+    assert prompts == [get_prompt("r1_zero").format(q) for q, _, _ in STUB]
+    assert sampling.stop == ("</answer>",) and sampling.n == 4 and done == [12]  # the prompt's stop string
+    assert result.records == _expected_records()
+    _assert_summary(result.summary)
+    assert EXPECTED_SUMMARY["pass_at_k"] == pytest.approx({"1": 0.25, "2": 4 / 9, "3": 7 / 12, "4": 2 / 3})
+
+    write_results(tmp_path / "out", result)
+    lines = (tmp_path / "out" / "results.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line) for line in lines] == _expected_records()
+    written = json.loads((tmp_path / "out" / "summary.json").read_text(encoding="utf-8"))
+    _assert_summary(written)
+
+
+def test_evaluate_grades_each_completion_by_its_prompt_index_not_its_position():
+    # the engine contract is prompt-major, but grading must follow each completion's prompt_index
+    result = evaluate(StubEngine(reverse=True), _stub_examples(), get_prompt("r1_zero"), SamplingParams(n=4))
+    assert result.records == _expected_records()[::-1]
+    _assert_summary(result.summary)
+
+
+def test_validate_reports_the_stub_score_as_val_metrics():
+    from rlvr.config import TrainConfig
+    from rlvr.training import validate
+
+    cfg = TrainConfig(eval_samples=4, eval_temperature=0.7, eval_max_new_tokens=24, seed=5)
+    engine, policy = StubEngine(), object()
+    metrics, records = validate(engine, policy, _stub_examples(), get_prompt("r1_zero"), None, cfg)
+    assert engine.synced == [policy]  # the engine samples from the policy being validated
+    (_, sampling), = engine.calls
+    assert (sampling.n, sampling.temperature, sampling.max_new_tokens, sampling.seed, sampling.stop) == (
+        4, 0.7, 24, 5, ("</answer>",))
+    assert records == _expected_records()
+    seconds = metrics.pop("val/seconds")
+    assert seconds >= 0
+    assert metrics == pytest.approx({
+        "val/accuracy": 0.25, "val/format_rate": 8 / 12, "val/mean_response_tokens": 14.5,
+        "val/truncated_rate": 2 / 12, "val/pass@1": 0.25, "val/pass@2": 4 / 9, "val/pass@3": 7 / 12,
+        "val/pass@4": 2 / 3})

@@ -92,8 +92,9 @@ def test_dr_grpo_and_maxrl_updates(tiny_model, tokenizer, normalizer):
 
 
 def test_zero_advantage_rollouts_never_reach_the_model(tiny_model, tokenizer):
-    rows_seen = []
-    tiny_model.get_input_embeddings().register_forward_hook(lambda m, i, o: rows_seen.append(i[0].shape[0]))
+    rows_seen = []  # rows of the forward passes that build a graph (grpo_train_step scores the rest for entropy)
+    tiny_model.get_input_embeddings().register_forward_hook(
+        lambda m, i, o: rows_seen.append(i[0].shape[0]) if torch.is_grad_enabled() else None)
     # RFT: baseline none -> every wrong rollout has zero advantage; 3 right ones remain
     _, meta = grpo_train_step(tiny_model, tokenizer, _sgd(tiny_model), 9, None, r1_zero_reward_fn, REPEATED_PROMPTS,
                               RESPONSES, REPEATED_TRUTHS, G, baseline="none", advantage_normalizer="none",

@@ -132,3 +132,56 @@ def test_shared_prefix_falls_back_under_gradient_checkpointing(tiny_model, token
                                  share_prefix=True)
     out["log_probs"].sum().backward()
     assert seen[0] == tuple(batch["input_ids"].shape)  # one ordinary pass: the KV cache is off
+
+
+def _softcapped_model(vocab_size: int, cap: float = 5.0):
+    """A tiny Gemma2, whose head really soft-caps: logits = cap * tanh(lm_head(h) / cap). The head's weights
+    are scaled so that the raw logits (about 30) are far past the cap and capping changes the distribution."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Gemma2Config(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=256, sliding_window=16, query_pre_attn_scalar=8,
+        final_logit_softcapping=cap, pad_token_id=0, eos_token_id=1, bos_token_id=None, attn_implementation="eager")
+    model = Gemma2ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40.0)
+    return model
+
+
+@pytest.mark.parametrize("share_prefix", [False, True])
+@pytest.mark.parametrize("with_positions", [False, True])
+def test_a_softcapped_head_is_scored_through_the_models_own_logits(tokenizer, share_prefix, with_positions):
+    model = _softcapped_model(len(tokenizer))
+    # a group's shared prompt (longer than MIN_SHARED_PREFIX) so that share_prefix would split the pass
+    batch = tokenize_prompt_and_output(["Shared prompt of a group: 12+7=?"] * 3, [" 19 </answer>", " twenty", " 1"],
+                                       tokenizer)
+    ids, labels, mask = batch["input_ids"], batch["labels"], batch["response_mask"]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+        plain = model.get_output_embeddings()(model.get_decoder()(input_ids=ids).last_hidden_state)
+    assert float(logits.abs().max()) <= 5.0 + 1e-4 < float(plain.abs().max())  # the cap is real and binding
+    expected = torch.log_softmax(logits.float(), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    uncapped = torch.log_softmax(plain.float(), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    assert float((uncapped - expected)[mask].abs().max()) > 1.0  # scoring the plain head would be far off
+
+    positions = mask if with_positions else None
+    out = get_response_log_probs(model, ids, labels, return_token_entropy=True, positions=positions,
+                                 share_prefix=share_prefix, chunk_elements=len(tokenizer) * 5)
+    if with_positions:
+        torch.testing.assert_close(out["log_probs"][mask], expected[mask], atol=1e-5, rtol=1e-5)
+        assert torch.equal(out["log_probs"][~mask], torch.zeros_like(out["log_probs"][~mask]))
+    else:
+        torch.testing.assert_close(out["log_probs"], expected, atol=1e-5, rtol=1e-5)
+    p = torch.softmax(logits.float(), -1)
+    entropy = -(p * torch.log_softmax(logits.float(), -1)).sum(-1)
+    torch.testing.assert_close(out["token_entropy"][mask], entropy[mask], atol=1e-4, rtol=1e-4)
+    # and the gradient is the capped model's too
+    (out["log_probs"] * mask).sum().backward()
+    grads = [q.grad.clone() for q in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    naive = torch.log_softmax(model(input_ids=ids).logits.float(), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    (naive * mask).sum().backward()
+    for g, q in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, q.grad, atol=1e-4, rtol=1e-4)

@@ -1,7 +1,9 @@
 """Answer grading and reward functions: the (response, ground truth, reward) contract of issue 3.
 
 The table CASES holds the cases by kind; the time-limit tests shrink the limit to 0.2 s so the file stays
-fast. Every test restores the default grading configuration.
+fast, and test it by its effect (the answer scores 0, the timeout is counted), not by the wall clock of a
+loaded machine. Every test restores the default grading configuration. The screen (hedged answers, tags,
+restated computations, Unicode digits) has its own agreement table in test_grading_cases.py.
 """
 
 import json
@@ -35,20 +37,18 @@ from rlvr.rewards import (
 
 DATA = Path(R.__file__).parent / "data" / "gsm8k"
 SMALL_LIMIT = 0.2  # seconds; a pathological answer must come back well within a couple of these
+SANITY_S = 30.0  # a bound on wall-clock time that only a hang can break, on however loaded a machine
 
 
 @pytest.fixture(autouse=True, scope="module")
 def warm_pool():
-    """Start the grading pool once, so no case's timing includes the workers' start-up."""
-    grade_answer("\\frac{1}{2}", "0.5")
+    """Start the grading pool once, so no case pays for the workers' start-up."""
+    grade_answer("\\sqrt{4}", "2")
 
 
 @pytest.fixture(autouse=True)
-def default_grading():
-    reset_grading_stats()
-    yield
-    configure_grading()
-    reset_grading_stats()
+def _defaults(default_grading):
+    """Every test starts and ends with the default grading configuration and zeroed counts."""
 
 
 def r1(answer: str) -> str:
@@ -180,9 +180,12 @@ MISSING_OR_MALFORMED_TAGS = [
 SEVERAL_BLOCKS = [
     ("r1_zero", " x </think> <answer> 5 </answer> <answer> 72 </answer>", "72", 1, 1),
     ("r1_zero", " x </think> <answer> 72 </answer> <answer> 5 </answer>", "72", 0, 1),
-    ("r1_zero", " x </think> <answer> 5 <answer> 72 </answer>", "72", 1, 1),
+    # One block opened twice: it holds "5 <answer> 72", a tag and two values (was 1 before the screen).
+    ("r1_zero", " x </think> <answer> 5 <answer> 72 </answer>", "72", 0, 1),
     ("r1_zero", " x </think> <answer> 72 </answer> <answer> 5", "72", 1, 1),  # a truncated second block
-    ("r1_zero", " x </think> <answer> \\boxed{5} so \\boxed{72} </answer>", "72", 1, 1),
+    # One block holding two boxes holds two values: hedged (was 1 before the screen, the last box won).
+    ("r1_zero", " x </think> <answer> \\boxed{5} so \\boxed{72} </answer>", "72", 0, 1),
+    ("r1_zero", " x </think> <answer> The answer is \\boxed{72}. </answer>", "72", 1, 1),
     ("r1_zero", " x </think> <answer> \\boxed{72} so \\boxed{5} </answer>", "72", 0, 1),
     ("question_only", "\\boxed{72} no wait \\boxed{5}", "72", 0, 1),
     ("question_only", "\\boxed{5} no wait \\boxed{72}", "72", 1, 1),
@@ -255,7 +258,7 @@ def test_the_table_is_large_enough():
 def test_reward_cases(fn_name, response, ground_truth, reward, format_reward):
     start = time.perf_counter()
     scores = get_reward_fn(fn_name)(response, ground_truth)
-    assert time.perf_counter() - start < 2 * R._DEFAULT_TIMEOUT + 1.0
+    assert time.perf_counter() - start < SANITY_S
     assert scores == {"reward": float(reward), "format_reward": float(format_reward), "answer_reward": float(reward)}
 
 
@@ -286,7 +289,13 @@ FAST_PATH = [
     ("+-5", "-5", None),
     ("5 and a half", "5.5", None),
     ("5 pi", "5", None),
-    ("1e3", "1000", None),
+    ("1e3", "1000", True),  # scientific notation is read exactly (was None: left to math-verify)
+    ("4.2 \\times 10^{1}", "42", True),
+    ("10 1/2", "10.5", True),
+    ("10 3/2", "11.5", None),  # not a mixed number
+    ("42万", "420000", True),
+    ("42万", "42", False),
+    ("\uff14\uff12\u5143\u3002", "42", True),
     ("1" * 100, "1" * 100, True),
     ("1" * 99 + "2", "1" * 100, False),  # exact, not float, comparison
     ("0.1", "1/10", True),
@@ -320,15 +329,12 @@ def test_huge_digit_strings_never_raise():
 @pytest.mark.parametrize(
     "answer, ground_truth, expected",
     [
-        ("\\frac{3}{4}", "0.75", True),
-        ("\\dfrac{3}{4}", "3/4", True),
-        ("\\frac{3}{5}", "0.75", False),
-        ("2^{10}", "1024", True),
         ("\\sqrt{16}", "4", True),
-        ("x = 5", "5", True),
-        ("x=5, y=6", "5", False),
-        ("{5}", "5", True),
-        ("The answer is 72", "72", True),
+        ("\\sqrt{15}", "4", False),
+        ("\\sqrt[3]{64}", "4", True),
+        ("2\\pi", "2", False),  # a LaTeX command beside the value: the answer goes whole
+        ("\\binom{5}{2}", "10", True),
+        ("The answer is \\sqrt{5184}", "72", True),  # the value alone: math-verify never sees the prose
     ],
 )
 def test_slow_path_uses_math_verify(answer, ground_truth, expected):
@@ -337,46 +343,111 @@ def test_slow_path_uses_math_verify(answer, ground_truth, expected):
     assert grading_stats()["timeouts"] == grading_stats()["errors"] == 0
 
 
+@pytest.mark.parametrize(
+    "answer, ground_truth, expected",
+    [
+        ("\\frac{3}{4}", "0.75", True),
+        ("\\dfrac{3}{4}", "3/4", True),
+        ("\\frac{3}{5}", "0.75", False),
+        ("2^{10}", "1024", True),
+        ("x = 5", "5", True),
+        ("{5}", "5", True),
+        ("3 \\times 4", "12", True),
+        ("\\frac{1}{3}", "0.33", False),
+        # math-verify reads these as 42; exactly, they are not.
+        ("\\frac{84}{2}%-41", "42", False),
+        ("\\boxed{42} * \\frac{82}{2}", "42", False),
+    ],
+)
+def test_one_arithmetic_value_is_evaluated_exactly(answer, ground_truth, expected):
+    # Was math-verify's before the screen (the first eight, with the same verdicts).
+    assert grade_answer(answer, ground_truth) is expected
+    assert grading_stats()["fast_path"] == 1 and grading_stats()["slow_path"] == 0
+
+
+@pytest.mark.parametrize(
+    "answer", ["41^\\frac{84}{2}", "\\sqrt{1681}^\\frac{84}{2}", "\\infty^2\\pi", "42}\\pi", "0 x \\sqrt{4}"]
+)
+def test_what_math_verify_would_misread_as_42_is_rejected_unseen(answer):
+    assert grade_answer(answer, "42") is False
+    assert grading_stats()["rejected"] == 1 and grading_stats()["slow_path"] == 0
+
+
+def test_prose_around_one_plain_value_is_graded_on_the_fast_path():
+    # Was math-verify's (the slow path) before the screen; the verdicts are the same.
+    assert grade_answer("The answer is 72", "72") is True
+    assert grade_answer("Janet makes $18 every day.", "18") is True
+    assert grade_answer("The answer is 71.", "72") is False
+    assert grading_stats()["fast_path"] == 3 and grading_stats()["slow_path"] == 0
+
+
 @pytest.mark.parametrize("answer", ["\\frac{9^{9^{9^{9}}}}{1}", "9^{9^{9^{9}}}", "10^{10^{10}}"])
 def test_time_limit_kills_a_pathological_answer(answer):
     configure_grading(timeout=SMALL_LIMIT)
-    grade_answer("\\frac{1}{2}", "0.5")  # the pool is up before the clock
+    grade_answer("\\sqrt{4}", "2")  # the pool is up before the clock
     reset_grading_stats()
     start = time.perf_counter()
-    assert grade_answer(answer, "72") is False
-    assert time.perf_counter() - start < 1.5
+    assert grade_answer(answer, "72") is False  # the call returns, and the answer scores 0
+    assert time.perf_counter() - start < SANITY_S
     assert grading_stats()["timeouts"] == 1
+    assert grading_stats()["errors"] == 0
     # The killed worker is replaced: grading goes on.
-    assert grade_answer("\\frac{1}{2}", "0.5") is True
+    assert grade_answer("\\sqrt{4}", "2") is True
+    assert grading_stats()["timeouts"] == 1
 
 
 def test_time_limit_in_a_reward_fn_and_in_batch_metadata():
     configure_grading(timeout=SMALL_LIMIT)
-    responses = [r1("\\frac{9^{9^{9^{9}}}}{1}"), r1("72"), r1("\\frac{144}{2}")]
+    responses = [r1("\\frac{9^{9^{9^{9}}}}{1}"), r1("72"), r1("\\sqrt{5184}")]
     start = time.perf_counter()
     scores, meta = score_batch(r1_zero_reward_fn, responses, ["72"] * 3)
-    assert time.perf_counter() - start < 3.0
+    assert time.perf_counter() - start < SANITY_S
     assert [s["reward"] for s in scores] == [0.0, 1.0, 1.0]
-    assert meta["grading/timeouts"] == 1
+    assert meta["grading/timeouts"] == 1 == grading_stats()["timeouts"]
     assert meta["grading/slow_path"] == 2
     assert meta["grading/fast_path"] == 1
     assert meta["grading/errors"] == 0
 
 
-def test_slow_gradings_of_a_batch_run_concurrently():
+class _RecordingPool:
+    """The real pool, recording what was scheduled by the time the caller first waits on a result."""
+
+    def __init__(self, pool):
+        self.pool, self.scheduled, self.scheduled_at_first_wait = pool, [], None
+
+    def schedule(self, *args, **kwargs):
+        future = self.pool.schedule(*args, **kwargs)
+        self.scheduled.append(future)
+        return future
+
+
+def test_slow_gradings_of_a_batch_run_concurrently(monkeypatch):
     configure_grading(timeout=1.0, max_workers=2)
-    assert grade_answer("\\frac{1}{2}", "0.5") is True
-    time.sleep(1.0)  # both workers have booted
+    assert grade_answer("\\sqrt{4}", "2") is True
+    recorder = _RecordingPool(R._get_pool())
+    monkeypatch.setattr(R, "_get_pool", lambda: recorder)
+    real_wait = R.concurrent.futures.wait
+
+    def wait(futures, *args, **kwargs):
+        if recorder.scheduled_at_first_wait is None:
+            recorder.scheduled_at_first_wait = len(recorder.scheduled)
+        return real_wait(futures, *args, **kwargs)
+
+    monkeypatch.setattr(R.concurrent.futures, "wait", wait)
     pathological = [r1("9^{9^{9^{9}}}"), r1("\\frac{9^{9^{9^{9}}}}{1}")]
     start = time.perf_counter()
     scores, meta = score_batch(r1_zero_reward_fn, pathological, ["72", "72"])
-    elapsed = time.perf_counter() - start
+    assert time.perf_counter() - start < SANITY_S
+    assert [s["reward"] for s in scores] == [0.0, 0.0]
     assert meta["grading/timeouts"] == 2
-    assert 1.0 <= elapsed < 1.8  # one after the other would take over 2 s
+    # Both were handed to the pool (two workers) before the first wait: one after the other would wait
+    # between the two schedules.
+    assert recorder.scheduled_at_first_wait == 2
+    assert len({id(f) for f in recorder.scheduled}) == 2
 
 
 def test_identical_slow_gradings_are_graded_once():
-    scores, meta = score_batch(r1_zero_reward_fn, [r1("\\frac{1}{2}")] * 5, ["0.5"] * 5)
+    scores, meta = score_batch(r1_zero_reward_fn, [r1("\\sqrt{0.25}")] * 5, ["0.5"] * 5)
     assert [s["reward"] for s in scores] == [1.0] * 5
     assert meta["grading/slow_path"] == 1
 
@@ -415,10 +486,62 @@ def test_configure_grading_checks_its_arguments():
 
 def test_grading_stats_count_and_reset():
     grade_answer("72", "72")
-    grade_answer("\\frac{1}{2}", "0.5")
-    assert grading_stats() == {"fast_path": 1, "slow_path": 1, "timeouts": 0, "errors": 0, "too_long": 0}
+    grade_answer("\\sqrt{4}", "2")
+    grade_answer("41 or 42", "42")
+    assert grading_stats() == {
+        "fast_path": 1, "slow_path": 1, "timeouts": 0, "errors": 0, "too_long": 0, "rejected": 1
+    }
     reset_grading_stats()
     assert set(grading_stats().values()) == {0}
+
+
+NO_MAIN_GUARD = """\
+import sys
+with open(sys.argv[1], "a") as f:  # at the top level, where a training script would train
+    f.write(__name__ + "\\n")
+from rlvr.rewards import r1_zero_reward_fn
+print(r1_zero_reward_fn(" x </think> <answer> \\\\sqrt{1764} </answer>", "42")["reward"])
+"""
+
+
+def test_a_script_without_a_main_guard_is_never_run_again_by_the_graders(tmp_path):
+    script, log = tmp_path / "train.py", tmp_path / "runs.txt"
+    script.write_text(NO_MAIN_GUARD)
+    done = subprocess.run(
+        [sys.executable, str(script), str(log)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1.0"]  # a slow-path answer: graded by a worker
+    assert log.read_text().splitlines() == ["__main__"]  # no worker ran the script as __mp_main__
+
+
+USERS_OWN_MULTIPROCESSING = """\
+import multiprocessing
+import multiprocessing.forkserver
+
+from rlvr.rewards import grade_answer
+
+
+def square(x):
+    return x * x
+
+
+if __name__ == "__main__":
+    assert grade_answer("\\\\sqrt{1764}", "42") is True
+    print(multiprocessing.forkserver._forkserver._preload_modules)
+    with multiprocessing.get_context("forkserver").Pool(1) as pool:  # needs this script in its workers
+        print(pool.map(square, [3]))
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        print(pool.map(square, [4]))
+"""
+
+
+def test_the_graders_leave_the_users_own_multiprocessing_alone(tmp_path):
+    script = tmp_path / "mine.py"
+    script.write_text(USERS_OWN_MULTIPROCESSING)
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["['__main__']", "[9]", "[16]"]
 
 
 def test_importing_rewards_does_not_import_torch():
@@ -479,7 +602,7 @@ def test_extract_boxed_handles_deep_nesting_quickly():
     text = "\\boxed{" + "{" * 100_000 + "1" + "}" * 100_000 + "}"
     start = time.perf_counter()
     assert extract_boxed(text) == "{" * 100_000 + "1" + "}" * 100_000
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < SANITY_S  # linear; a quadratic scan would take hours
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -544,6 +667,8 @@ MIXED_BATCH = [
     ("72", "72"),
     (" </think> <answer> 72", "72"),
     (r1("\\boxed{2^{3}}"), "8"),
+    (r1("\\sqrt{64}"), "8"),
+    (r1("\\sqrt{63}"), "8"),
     (r1("The answer is 72."), "72"),
     (r1("\\frac{1}{2}"), "0.5"),
 ]
@@ -578,8 +703,8 @@ def test_score_batch_of_a_plain_callable_calls_it_in_order():
         calls.append(response)
         return {"reward": float(grade_answer(response, ground_truth)), "format_reward": 1.0, "answer_reward": 0.0}
 
-    scores, meta = score_batch(fn, ["72", "\\frac{1}{2}", "5"], ["72", "0.5", "6"])
-    assert calls == ["72", "\\frac{1}{2}", "5"]
+    scores, meta = score_batch(fn, ["72", "\\sqrt{0.25}", "5"], ["72", "0.5", "6"])
+    assert calls == ["72", "\\sqrt{0.25}", "5"]
     assert [s["reward"] for s in scores] == [1.0, 1.0, 0.0]
     assert meta["grading/slow_path"] == 1 and meta["grading/fast_path"] == 2
 
@@ -590,7 +715,7 @@ def test_score_batch_rejects_lengths_that_differ():
 
 
 def test_compute_rollout_rewards():
-    responses = [r1("72"), r1("70"), "72", r1("\\frac{144}{2}")]
+    responses = [r1("72"), r1("70"), "72", r1("\\sqrt{5184}")]
     raw, meta = compute_rollout_rewards(r1_zero_reward_fn, responses, ["72"] * 4)
     assert raw.dtype == torch.float32 and raw.shape == (4,)
     assert raw.tolist() == [1.0, 0.0, 0.0, 1.0]

@@ -1,7 +1,5 @@
 """The transformers rollout engine: equals model.generate when greedy, reproducible per sample, stops right."""
 
-import math
-
 import pytest
 import torch
 

@@ -90,12 +90,13 @@ def algorithms_command():
     from rlvr.estimators import PRESETS
 
     table = Table(title="algorithms (presets of independent choices)")
-    for col in ("name", "baseline", "normaliser", "weighting", "clip", "aggregation", "steps/rollout", "summary"):
+    for col in ("name", "baseline", "normaliser", "weighting", "clip", "aggregation", "steps/rollout",
+                "advantage from", "summary"):
         table.add_column(col)
     for name, p in PRESETS.items():
         clip = "" if p.cliprange is None and p.cliprange_high is None else f"{p.cliprange}/{p.cliprange_high or p.cliprange}"
         table.add_row(name, p.baseline, p.advantage_normalizer, p.importance_reweighting_method, clip,
-                      p.loss_normalization, str(p.steps_per_rollout), p.summary)
+                      p.loss_normalization, str(p.steps_per_rollout), p.reward_signal, p.summary)
     Console().print(table)
 
 

@@ -8,6 +8,8 @@ each run's outputs.
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -19,6 +21,10 @@ C = TypeVar("C", bound="BaseConfig")
 
 class ConfigError(ValueError):
     """A bad config file or override; the message names the file and the field."""
+
+
+class SamplingMismatchWarning(UserWarning):
+    """Rollouts are sampled from a distribution other than the one they are scored under."""
 
 
 class BaseConfig(BaseModel):
@@ -85,7 +91,11 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: list[st
         try:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+            mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+            problem = " ".join(str(part) for part in (getattr(err, "context", None), getattr(err, "problem", None))
+                               if part) or str(err)
+            raise ConfigError(f"{where}: not valid YAML: {problem}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of field: value, got {type(loaded).__name__}")
         data = dict(loaded or {})
@@ -251,12 +261,14 @@ class TrainConfig(TrainingFields):
     importance_reweighting_method: Literal["none", "noclip", "grpo", "gspo", "cispo"] | None = None
     cliprange: float | None = Field(None, ge=0)
     cliprange_high: float | None = Field(None, ge=0)
-    loss_normalization: Literal["sequence", "constant", "token"] | None = None
+    loss_normalization: Literal["sequence", "sum", "constant", "token"] | None = None
     normalization_constant: float | None = Field(None, gt=0, description="constant aggregation's Z (default train batch x max_new_tokens)")
     beta: float | None = Field(None, ge=0, description="KL penalty weight (needs a reference model)")
     kl_estimator: Literal["k1", "k2", "k3"] | None = None
     steps_per_rollout: int | None = Field(None, ge=1, description="optimizer steps per rollout batch (> 1: off-policy)")
     mask_truncated_completions: bool | None = None
+    reward_signal: Literal["reward", "correctness"] | None = Field(
+        None, description="what advantages are computed from: the (shaped) reward, or 0/1 correctness (rft, maxrl)")
     # rewards: {name: weight}; names are reward functions (r1_zero, question_only, answer_tag) or "format"
     rewards: dict[str, float] | None = Field(None, description="weighted rewards, e.g. {r1_zero: 1.0, format: 0.2}")
     # logging
@@ -265,15 +277,17 @@ class TrainConfig(TrainingFields):
 
     @model_validator(mode="after")
     def _resolve_preset(self):
-        from rlvr.estimators import get_preset
+        from rlvr.estimators import Preset, get_preset
 
         _check_eval_sampling(self)
+        # the preset's row with this config's overrides, validated as one estimator
         preset = get_preset(self.algorithm)
-        for name in ("baseline", "advantage_normalizer", "importance_reweighting_method", "cliprange",
-                     "cliprange_high", "loss_normalization", "beta", "kl_estimator", "steps_per_rollout",
-                     "mask_truncated_completions"):
-            if getattr(self, name) is None and getattr(preset, name) is not None:
-                object.__setattr__(self, name, getattr(preset, name))
+        choices = [f.name for f in dataclasses.fields(Preset) if f.name != "summary"]
+        spec = dataclasses.replace(preset, **{name: getattr(self, name) for name in choices
+                                              if getattr(self, name) is not None})
+        spec.validate()
+        for name in choices:
+            object.__setattr__(self, name, getattr(spec, name))
         if self.rollout_batch_size % self.group_size:
             raise ValueError(f"rollout_batch_size={self.rollout_batch_size} is not a whole number of groups of "
                              f"group_size={self.group_size}")
@@ -282,14 +296,17 @@ class TrainConfig(TrainingFields):
                              f"steps_per_rollout={self.steps_per_rollout} equal train batches")
         if self.group_size == 1 and (self.baseline == "mean" or self.advantage_normalizer == "std"):
             raise ValueError("group_size=1 needs baseline=none and advantage_normalizer!=std (algorithm=reinforce)")
-        if self.importance_reweighting_method in ("grpo", "gspo") and self.cliprange is None:
-            raise ValueError(f"importance_reweighting_method={self.importance_reweighting_method!r} needs cliprange")
-        if self.importance_reweighting_method == "cispo" and self.cliprange is None and self.cliprange_high is None:
-            raise ValueError("importance_reweighting_method='cispo' needs cliprange or cliprange_high")
         if self.normalization_constant is None and self.loss_normalization == "constant":
             object.__setattr__(self, "normalization_constant", float(self.train_batch_size * self.max_new_tokens))
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError("min_new_tokens must not exceed max_new_tokens")
+        altered = [f"{name}={getattr(self, name)}" for name, neutral in
+                   (("top_p", 1.0), ("repetition_penalty", 1.0), ("min_new_tokens", 0)) if getattr(self, name) != neutral]
+        if altered:
+            # the learner scores softmax(logits / temperature); these reshape what the sampler drew from
+            warnings.warn(f"{', '.join(altered)}: rollouts are not sampled from the distribution the policy "
+                          "gradient and importance ratios are scored under (softmax(logits / temperature))",
+                          SamplingMismatchWarning, stacklevel=2)
         return self
 
     @property

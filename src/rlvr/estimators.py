@@ -25,14 +25,16 @@ import torch
 Baseline = Literal["mean", "none"]
 AdvantageNormalizer = Literal["std", "mean", "none"]
 ImportanceMethod = Literal["none", "noclip", "grpo", "gspo", "cispo"]
-LossNormalization = Literal["sequence", "constant", "token"]
+LossNormalization = Literal["sequence", "sum", "constant", "token"]
 KLEstimator = Literal["k1", "k2", "k3"]
+RewardSignal = Literal["reward", "correctness"]
 
 BASELINES = ("mean", "none")
 ADVANTAGE_NORMALIZERS = ("std", "mean", "none")
 IMPORTANCE_METHODS = ("none", "noclip", "grpo", "gspo", "cispo")
-LOSS_NORMALIZATIONS = ("sequence", "constant", "token")
+LOSS_NORMALIZATIONS = ("sequence", "sum", "constant", "token")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+REWARD_SIGNALS = ("reward", "correctness")
 
 CHECK_INPUTS = True
 
@@ -125,16 +127,24 @@ def compute_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 def kl_penalty(
-    policy_log_probs: torch.Tensor, reference_log_probs: torch.Tensor, estimator: KLEstimator = "k3"
+    policy_log_probs: torch.Tensor, reference_log_probs: torch.Tensor, estimator: KLEstimator = "k2"
 ) -> torch.Tensor:
     """Per-token estimate of KL(pi_theta || pi_ref) on tokens sampled from pi_theta (Schulman's k1/k2/k3).
 
     With log r = log pi_ref - log pi_theta at each token:
-        k1 = -log r                 unbiased, can be negative, high variance
-        k2 = (log r)^2 / 2          biased, low variance
-        k3 = r - 1 - log r          unbiased and >= 0 (the GRPO paper's choice)
+        k1 = -log r                 unbiased value, can be negative, high variance
+        k2 = (log r)^2 / 2          biased value, low variance
+        k3 = r - 1 - log r          unbiased value and >= 0 (the GRPO paper's choice)
     k3's exponent is capped at 20 so that one wildly unlikely token cannot overflow the loss.
-    Weighted by a coefficient beta and added to the per-token policy-gradient loss.
+
+    As a loss term (beta * k added to the per-token loss and differentiated with the samples held fixed)
+    the three differ in their *gradient*, which is what the penalty acts through:
+        k1: E[grad] = E[grad log pi_theta] = 0 on-policy -- it penalises nothing in expectation;
+        k2: E[grad] = E[log(pi_theta/pi_ref) grad log pi_theta] = grad KL(pi_theta || pi_ref), the reverse KL;
+        k3: E[grad] = E[(1 - pi_ref/pi_theta) grad log pi_theta] = grad KL(pi_ref || pi_theta), the forward KL.
+    So k2 is the default: it is the only one whose gradient is that of the KL it claims to penalise
+    (tests/test_estimators.py checks all three on an exact categorical distribution). k1 and k3 remain for
+    logging the KL's value and for reproducing papers that used them.
 
     >>> kl_penalty(torch.tensor([0.0]), torch.tensor([0.0]))   # identical policies: no penalty
     tensor([0.])
@@ -258,7 +268,8 @@ def compute_policy_gradient_loss(
                   so upweighted tokens still get gradient (unlike the PPO clip).
 
     Metadata (tensors) for the weighted methods: the ratio's mean/min/max over response tokens and the
-    clip fraction -- the share of response tokens (sequences, for gspo) whose clipped branch is active.
+    clip fraction -- the share of response tokens whose clipped branch is active. For gspo all four are over
+    the sequences that have a response token (their count is `sequences`), since its ratio is per sequence.
     """
     check_choice("importance_reweighting_method", importance_reweighting_method, IMPORTANCE_METHODS)
     if policy_log_probs.dim() != 2:
@@ -291,15 +302,22 @@ def compute_policy_gradient_loss(
     log_ratio = policy_log_probs - old_log_probs.to(policy_log_probs.dtype)
 
     if importance_reweighting_method == "gspo":
-        seq_ratio = torch.exp(masked_mean(log_ratio, mask, dim=-1)).unsqueeze(-1)  # (B, 1)
+        # an empty response has no tokens to average: its log-ratio is taken as 0 (ratio 1) instead of 0/0,
+        # and it is left out of the statistics, which are over sequences
+        tokens = mask.sum(dim=-1)
+        summed = torch.where(mask, log_ratio, torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device)).sum(-1)
+        seq_ratio = torch.exp(summed / tokens.clamp(min=1)).unsqueeze(-1)  # (B, 1)
         unclipped = advantages * seq_ratio
         clipped = advantages * seq_ratio.clamp(low, high)
         seq_loss = -torch.minimum(unclipped, clipped)
+        rows = tokens > 0
+        ratios = seq_ratio.detach().squeeze(-1)[rows]
         metadata = {
-            "clip_fraction": (clipped < unclipped).float().mean(),
-            "ratio_mean": seq_ratio.mean().detach(),
-            "ratio_min": seq_ratio.min().detach(),
-            "ratio_max": seq_ratio.max().detach(),
+            "clip_fraction": (clipped < unclipped).squeeze(-1)[rows].float().mean() if rows.any() else torch.zeros(()),
+            "ratio_mean": ratios.mean() if rows.any() else torch.ones(()),
+            "ratio_min": ratios.min() if rows.any() else torch.ones(()),
+            "ratio_max": ratios.max() if rows.any() else torch.ones(()),
+            "sequences": rows.sum(),
         }
         return seq_loss.expand_as(policy_log_probs), metadata
 
@@ -334,6 +352,8 @@ def aggregate_loss_across_microbatch(
     """Scalar loss from the per-token loss (B, T) and the response mask (B, T).
 
         "sequence"  mean over each sequence's response tokens, then over sequences   eq. 27-28 (GRPO)
+        "sum"       sum over each sequence's response tokens, mean over sequences    eq. 14, 20, 26 (REINFORCE:
+                    the gradient of log pi(y|x) = sum_t log pi(y_t | ...), no length normalisation)
         "constant"  masked sum / normalization_constant (e.g. B*G*L)                   eq. 33, 34, 37 (Dr. GRPO)
         "token"     masked sum / number of response tokens                             DAPO's token-mean;
                     with normalization_constant given, that count is taken as the whole batch's token count,
@@ -351,6 +371,8 @@ def aggregate_loss_across_microbatch(
     if loss_normalization == "sequence":
         tokens = mask.sum(dim=-1).clamp(min=1)
         return (masked.sum(dim=-1) / tokens).mean()
+    if loss_normalization == "sum":
+        return masked.sum(dim=-1).mean()
     if loss_normalization == "constant":
         if normalization_constant is None or normalization_constant <= 0:
             raise ValueError(
@@ -367,10 +389,10 @@ def aggregate_loss_across_microbatch(
 def microbatch_loss_scale(loss_normalization: LossNormalization, microbatch_size: int, batch_size: int) -> float:
     """Factor that turns one microbatch's aggregated loss into its share of the whole batch's loss.
 
-    Only the per-sequence mean needs it (a mean over B_micro sequences is a fraction B_micro/B of the batch
+    Only the means over sequences need it (a mean over B_micro sequences is a fraction B_micro/B of the batch
     mean); "constant" and "token" already divide by a whole-batch quantity passed as normalization_constant.
     """
-    return microbatch_size / batch_size if loss_normalization == "sequence" else 1.0
+    return microbatch_size / batch_size if loss_normalization in ("sequence", "sum") else 1.0
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -388,9 +410,12 @@ class Preset:
     cliprange: float | None = None
     cliprange_high: float | None = None
     beta: float = 0.0  # weight of the KL penalty to the reference model
-    kl_estimator: KLEstimator = "k3"
+    kl_estimator: KLEstimator = "k2"  # the one whose gradient is the reverse KL's (see kl_penalty)
     steps_per_rollout: int = 1  # optimizer steps per rollout batch; > 1 is off-policy
     mask_truncated_completions: bool = False
+    # what the advantage is computed from: the (possibly shaped) reward, or the 0/1 correctness of the answer,
+    # which RFT's indicator (eq. 34) and MaxRL's success probability (eq. 37) are defined on
+    reward_signal: RewardSignal = "reward"
     summary: str = ""
 
     def validate(self) -> None:
@@ -399,6 +424,10 @@ class Preset:
         check_choice("importance_reweighting_method", self.importance_reweighting_method, IMPORTANCE_METHODS)
         check_choice("loss_normalization", self.loss_normalization, LOSS_NORMALIZATIONS)
         check_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        check_choice("reward_signal", self.reward_signal, REWARD_SIGNALS)
+        if self.baseline == "none" and self.advantage_normalizer == "std":
+            raise ValueError("baseline='none' with advantage_normalizer='std' divides raw rewards by the group std: "
+                             "a group that is all right gets advantages of 1/eps = 1e6; use baseline='mean'")
         if self.importance_reweighting_method in ("grpo", "gspo") and self.cliprange is None:
             raise ValueError(f"importance_reweighting_method={self.importance_reweighting_method!r} needs cliprange")
         if self.importance_reweighting_method == "cispo" and self.cliprange is None and self.cliprange_high is None:
@@ -412,13 +441,15 @@ class Preset:
 _OFF = 4  # optimizer steps per rollout batch for the off-policy presets (seed 004 uses 32 at 256 rollouts)
 
 PRESETS: dict[str, Preset] = {
-    "reinforce": Preset("none", "none", "none", "sequence", summary="raw reward, no baseline (eq. 14); G=1 allowed"),
-    "reinforce_with_baseline": Preset("mean", "none", "none", "sequence", summary="group-mean baseline (eq. 20)"),
+    "reinforce": Preset("none", "none", "none", "sum", summary="raw reward, no baseline (eq. 14); G=1 allowed"),
+    "reinforce_with_baseline": Preset("mean", "none", "none", "sum", summary="group-mean baseline (eq. 20)"),
     "grpo": Preset("mean", "std", "none", "sequence", summary="GRPO on-policy (Algorithm 1, eq. 28)"),
     "grpo_constant": Preset("mean", "std", "none", "constant", summary="GRPO with constant normalisation"),
     "dr_grpo": Preset("mean", "none", "none", "constant", summary="Dr. GRPO (eq. 33)"),
-    "rft": Preset("none", "none", "none", "constant", summary="rejection fine-tuning on correct rollouts (eq. 34)"),
-    "maxrl": Preset("mean", "mean", "none", "constant", summary="MaxRL, mean-normalised advantage (eq. 37)"),
+    "rft": Preset("none", "none", "none", "constant", reward_signal="correctness",
+                  summary="rejection fine-tuning on correct rollouts (eq. 34)"),
+    "maxrl": Preset("mean", "mean", "none", "constant", reward_signal="correctness",
+                    summary="MaxRL, mean-normalised advantage (eq. 37)"),
     "grpo_clip": Preset(
         "mean", "std", "grpo", "sequence", cliprange=0.2,
         summary="GRPO with the PPO clip (eq. 57); the ratio is 1 unless steps_per_rollout > 1",

@@ -60,7 +60,7 @@ NOT_CONFIG = ("seed", "out", "resume")
 # Fields a preset (or another field) sets: dropped first when naming a group, since `algorithm` says it all.
 DERIVED = ("baseline", "advantage_normalizer", "importance_reweighting_method", "cliprange", "cliprange_high",
            "loss_normalization", "beta", "kl_estimator", "steps_per_rollout", "mask_truncated_completions",
-           "normalization_constant")
+           "normalization_constant", "reward_signal")
 
 
 # ----------------------------------------------------------------------------------------------------

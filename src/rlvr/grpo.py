@@ -8,8 +8,9 @@ rewards and advantages itself); the training loop computes those once per rollou
 `policy_gradient_update` for each train batch.
 
 Departures from seed 004's reference step, each keeping the gradient exactly the same:
-  1. Rollouts with zero advantage are never passed through the model (unless a KL term needs them);
-     the normalisers still count them (N sequences, all response tokens), so the gradient is unchanged.
+  1. Rollouts with zero advantage (unless a KL term needs them) or no response token are never trained;
+     the normalisers still count them (N sequences, all response tokens), so the gradient is unchanged,
+     and a fully pruned batch still hands the optimizer its zero gradient, as the unpruned step would.
   2. Rows are ordered by prompt, then length, before being cut into microbatches, and each microbatch is
      trimmed to its longest row, so little time goes into padding.
   3. The vocabulary projection runs only at response positions (`get_response_log_probs(positions=...)`),
@@ -51,10 +52,12 @@ def _microbatches(rows: list[int], input_ids: torch.Tensor, response_mask: torch
 
 @torch.no_grad()
 def score_log_probs(model, input_ids, labels, response_mask, microbatch_size: int, precision: str = "fp32",
-                    rows: list[int] | None = None, share_prefix: bool = True) -> torch.Tensor:
-    """Log-probs (N, T) of the response tokens under `model` without gradient (old policy, reference);
-    rows not in `rows` are left at 0."""
+                    rows: list[int] | None = None, share_prefix: bool = True, temperature: float = 1.0,
+                    return_token_entropy: bool = False):
+    """Log-probs (N, T) of the response tokens under `model` at `temperature`, without gradient (old policy,
+    reference); rows not in `rows` are left at 0. With `return_token_entropy`, (log-probs, entropy)."""
     out = torch.zeros(labels.shape, dtype=torch.float32)
+    entropy = torch.zeros(labels.shape, dtype=torch.float32) if return_token_entropy else None
     rows = list(range(labels.shape[0])) if rows is None else rows
     widths = _row_widths(response_mask)
     was_training = model.training
@@ -63,11 +66,14 @@ def score_log_probs(model, input_ids, labels, response_mask, microbatch_size: in
         idx = torch.tensor(mb)
         w = int(widths[idx].max())
         with autocast(precision):
-            lp = get_response_log_probs(model, input_ids[idx, :w], labels[idx, :w], positions=response_mask[idx, :w],
-                                        share_prefix=share_prefix)
+            lp = get_response_log_probs(model, input_ids[idx, :w], labels[idx, :w], return_token_entropy,
+                                        positions=response_mask[idx, :w], share_prefix=share_prefix,
+                                        temperature=temperature)
         out[idx, :w] = lp["log_probs"].float()
+        if entropy is not None:
+            entropy[idx, :w] = lp["token_entropy"].float()
     model.train(was_training)
-    return out
+    return (out, entropy) if return_token_entropy else out
 
 
 def _row_widths(response_mask: torch.Tensor) -> torch.Tensor:
@@ -93,17 +99,22 @@ def policy_gradient_update(
     normalization_constant: float | None = None,
     beta: float = 0.0,
     reference_log_probs: torch.Tensor | None = None,
-    kl_estimator: str = "k3",
+    kl_estimator: str = "k2",
     precision: str = "fp32",
     on_policy_ratio: bool = False,
     share_prefix: bool = True,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One optimizer step on N scored rollouts (rows of input_ids/labels/response_mask, all (N, T)).
 
     advantages (N,): per-rollout weights. old_log_probs (N, T): log-probs under the sampling policy, or
     `on_policy_ratio=True` to use the current policy's (detached) log-probs -- exact for the first update
     on a fresh rollout batch, and free. reference_log_probs (N, T) with beta > 0 adds beta * KL per token.
-    Returns the whole batch's loss (the sum of the backpropagated microbatch losses) and metadata.
+    `temperature`: the rollouts' sampling temperature; the policy is scored at logits / temperature (old and
+    reference log-probs must be scored the same way). Gradients left on the model by the caller are
+    discarded first: the step is exactly this batch's.
+    Returns the whole batch's loss (the sum of the backpropagated microbatch losses) and metadata; the
+    entropy in it (`trained_token_entropy`) is over the rollouts that were trained, not the whole batch.
     """
     check_choice("loss_normalization", loss_normalization, LOSS_NORMALIZATIONS)
     n = input_ids.shape[0]
@@ -121,15 +132,21 @@ def policy_gradient_update(
     microbatch_size = math.ceil(n / gradient_accumulation_steps)
     # whole-batch normalisers, counting the rollouts that pruning will skip
     constant = {"constant": normalization_constant, "token": float(response_mask.sum().clamp(min=1)),
-                "sequence": None}[loss_normalization]
-    kept = [i for i in range(n) if beta > 0 or advantages[i] != 0]
+                "sequence": None, "sum": None}[loss_normalization]
+    # A rollout with no response token (EOS sampled first) or zero advantage (and no KL term) has exactly
+    # zero gradient; skipping it keeps the step the same and cannot leave a microbatch with nothing to
+    # differentiate.
+    has_tokens = response_mask.any(dim=1)
+    kept = [i for i in range(n) if has_tokens[i] and (beta > 0 or advantages[i] != 0)]
     widths = _row_widths(response_mask)
     params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = None
 
     model.train()
     total_loss = torch.zeros(())
-    tokens = 0
-    sums = {"entropy": 0.0, "clip_fraction": 0.0, "kl": 0.0, "ratio_mean": 0.0}
+    tokens = sequences = 0
+    sums = {"entropy": 0.0, "clip_fraction": 0.0, "kl": 0.0, "ratio_mean": 0.0, "ratio_weight": 0.0}
     ratio_min, ratio_max = math.inf, -math.inf
     for mb in _microbatches(kept, input_ids, response_mask, microbatch_size):
         idx = torch.tensor(mb)
@@ -137,7 +154,7 @@ def policy_gradient_update(
         mask = response_mask[idx, :w]
         with autocast(precision):
             scored = get_response_log_probs(model, input_ids[idx, :w], labels[idx, :w], return_token_entropy=True,
-                                            positions=mask, share_prefix=share_prefix)
+                                            positions=mask, share_prefix=share_prefix, temperature=temperature)
         log_probs = scored["log_probs"]
         if not bool(torch.isfinite(log_probs[mask]).all()):
             optimizer.zero_grad(set_to_none=True)
@@ -156,13 +173,22 @@ def policy_gradient_update(
         total_loss += loss.detach()
         mb_tokens = int(mask.sum())
         tokens += mb_tokens
+        sequences += len(mb)
         sums["entropy"] += float((scored["token_entropy"] * mask).sum())
-        if "clip_fraction" in meta:
-            sums["clip_fraction"] += float(meta["clip_fraction"]) * mb_tokens
         if "ratio_mean" in meta:
-            sums["ratio_mean"] += float(meta["ratio_mean"]) * mb_tokens
+            # GSPO's ratio and clip fraction are per sequence, the others' per token: weight by what they count
+            weight = float(meta["sequences"]) if "sequences" in meta else mb_tokens
+            sums["ratio_weight"] += weight
+            sums["ratio_mean"] += float(meta["ratio_mean"]) * weight
+            sums["clip_fraction"] += float(meta.get("clip_fraction", 0.0)) * weight
             ratio_min, ratio_max = min(ratio_min, float(meta["ratio_min"])), max(ratio_max, float(meta["ratio_max"]))
 
+    if not kept:
+        # Every gradient is exactly zero. Seed 004's unpruned step still hands AdamW a zero gradient (its
+        # moments decay, its step count advances, the weights move by momentum and weight decay), whereas a
+        # None gradient would make it skip the parameter: give it the zeros.
+        for p in params:
+            p.grad = torch.zeros_like(p)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf"))
     if not (torch.isfinite(total_loss) and torch.isfinite(grad_norm)):
         optimizer.zero_grad(set_to_none=True)
@@ -170,20 +196,22 @@ def policy_gradient_update(
                             "step skipped, gradients cleared")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    per_token = max(tokens, 1)
     metadata = {
         "grad_norm": float(grad_norm),
-        "token_entropy": sums["entropy"] / per_token,
         "trained_rollouts": len(kept),
         "trained_tokens": tokens,
+        "trained_token_entropy_sum": sums["entropy"],
         "pruned_fraction": 1 - len(kept) / n,
         "microbatches": math.ceil(len(kept) / microbatch_size) if kept else 0,
     }
-    if importance_reweighting_method != "none":
-        metadata.update(clip_fraction=sums["clip_fraction"] / per_token, ratio_mean=sums["ratio_mean"] / per_token,
-                        ratio_min=ratio_min if kept else 1.0, ratio_max=ratio_max if kept else 1.0)
-    if beta > 0:
-        metadata["kl"] = sums["kl"] / per_token
+    if tokens:
+        metadata["trained_token_entropy"] = sums["entropy"] / tokens
+    if importance_reweighting_method != "none" and sums["ratio_weight"] > 0:
+        weight = sums["ratio_weight"]
+        metadata.update(clip_fraction=sums["clip_fraction"] / weight, ratio_mean=sums["ratio_mean"] / weight,
+                        ratio_min=ratio_min, ratio_max=ratio_max)
+    if beta > 0 and tokens:
+        metadata["kl"] = sums["kl"] / tokens
     return total_loss, metadata
 
 
@@ -206,13 +234,16 @@ def grpo_train_step(
     cliprange: float | None = None,
     loss_normalization: str = "sequence",
     normalization_constant: float | None = None,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Seed 004's GRPO train step: rewards -> group-normalised advantages -> one optimizer step.
 
     old_log_probs, when given, is aligned with `tokenize_prompt_and_output(repeated_prompts,
-    rollout_responses)` of the whole batch: one row per rollout, the batch's padded width. Returns the
-    batch loss (sum of the backpropagated microbatch losses) and metadata: grad norm (before clipping),
-    token entropy, train rewards (total, format, answer), clip fraction for the clipping methods.
+    rollout_responses)` of the whole batch: one row per rollout, the batch's padded width, scored at
+    `temperature` (the rollouts' sampling temperature). Returns the batch loss (sum of the backpropagated
+    microbatch losses) and metadata: grad norm (before clipping), the token entropy of the whole batch
+    (the rollouts pruning skipped are scored for it without gradient), train rewards (total, format,
+    answer), clip fraction for the clipping methods.
     """
     n = len(rollout_responses)
     if not (len(repeated_prompts) == n == len(repeated_ground_truths)):
@@ -226,11 +257,21 @@ def grpo_train_step(
     if old_log_probs is not None and old_log_probs.shape != batch["labels"].shape:
         raise ValueError(f"old_log_probs has shape {tuple(old_log_probs.shape)}; the tokenized batch has "
                          f"{tuple(batch['labels'].shape)} (one row per rollout, the batch's padded width)")
+    mask = batch["response_mask"]
+    microbatch_size = math.ceil(n / gradient_accumulation_steps)
+    skipped = [i for i in range(n) if advantages[i] == 0 and bool(mask[i].any())]
+    skipped_entropy = 0.0
+    if skipped:  # the entropy of the whole batch, not of the rollouts that happened to have signal
+        _, entropy = score_log_probs(model, batch["input_ids"], batch["labels"], mask, microbatch_size,
+                                     rows=skipped, temperature=temperature, return_token_entropy=True)
+        skipped_entropy = float((entropy * mask).sum())
     loss, meta = policy_gradient_update(
-        model, optimizer, batch["input_ids"], batch["labels"], batch["response_mask"], advantages,
+        model, optimizer, batch["input_ids"], batch["labels"], mask, advantages,
         gradient_accumulation_steps, max_grad_norm, importance_reweighting_method, old_log_probs, cliprange,
-        loss_normalization=loss_normalization, normalization_constant=normalization_constant)
+        loss_normalization=loss_normalization, normalization_constant=normalization_constant,
+        temperature=temperature)
     meta.update({
+        "token_entropy": (meta["trained_token_entropy_sum"] + skipped_entropy) / max(int(mask.sum()), 1),
         "loss": float(loss),
         "train_reward": reward_meta["reward_mean"],
         "train_format_reward": reward_meta["format_reward_mean"],

@@ -8,6 +8,7 @@ safetensors directory in the cache (`$RLVR_CACHE`, default ~/.cache/rlvr) and la
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
@@ -90,14 +91,44 @@ def resolve_model_path(name_or_path: str) -> str:
         if not gguf.is_file():
             raise FileNotFoundError(f"GGUF file {gguf} not found")
     else:
-        path = Path(name_or_path)
-        if path.exists() and not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path} has no config.json; is it a saved model directory?")
-        return name_or_path
-    target = cache_dir() / "models" / gguf.stem
+        path = Path(name_or_path).expanduser()
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise FileNotFoundError(f"model={name_or_path}: the directory has no config.json; is it a saved "
+                                        "model directory (save_pretrained)?")
+            return str(path)
+        if path.exists():
+            raise FileNotFoundError(f"model={name_or_path} is a file but neither a model directory nor a .gguf file")
+        if _looks_like_path(name_or_path):
+            raise FileNotFoundError(f"model={name_or_path}: no such directory. model= takes a saved model directory, "
+                                    f"a .gguf file, {DEFAULT_MODEL}, or a hub name already in the local Hugging Face "
+                                    "cache; nothing is downloaded")
+        return _cached_hub_model(name_or_path)
+    # keyed by the file's identity too: a replaced or different file of the same name is converted anew
+    stat = gguf.resolve().stat()
+    key = hashlib.blake2b(f"{gguf.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode(), digest_size=4).hexdigest()
+    target = cache_dir() / "models" / f"{gguf.stem}-{key}"
     if (target / "config.json").is_file():
         return str(target)
     return str(_convert_gguf(gguf, target))
+
+
+def _looks_like_path(name: str) -> bool:
+    """A hub name is "name" or "org/name"; anything else is meant as a path on this machine."""
+    return (name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1 or not name.strip()
+            or name.endswith("/"))
+
+
+def _cached_hub_model(name: str) -> str:
+    """The local snapshot of a hub model that is already in the Hugging Face cache (never downloaded)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(name, local_files_only=True)
+    except Exception:
+        raise FileNotFoundError(f"model={name}: not a directory here and not in the local Hugging Face cache; "
+                                f"model= takes a saved model directory, a .gguf file, {DEFAULT_MODEL}, or a cached "
+                                "hub name; nothing is downloaded") from None
 
 
 def torch_dtype(name: str):
@@ -123,7 +154,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32", device
 
     path = resolve_model_path(name_or_path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype)).to(device)
-    model.generation_config.pad_token_id = model.generation_config.pad_token_id or model.config.eos_token_id
+    if model.generation_config.pad_token_id is None:  # a pad id of 0 is a real id
+        model.generation_config.pad_token_id = model.config.eos_token_id
     return model, load_tokenizer(path)
 
 

@@ -83,9 +83,11 @@ def _head_parts(model):
     return decoder, head
 
 
-def _scores(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool):
-    """Gathered log-prob of each label and (detached) entropy, from a chunk of logits, in float32."""
+def _scores(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool, temperature: float = 1.0):
+    """Gathered log-prob of each label and (detached) entropy, from a chunk of logits / temperature, in float32."""
     logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)
     log_probs = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
     if not with_entropy:
@@ -96,8 +98,8 @@ def _scores(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool):
     return log_probs, entropy
 
 
-def _head_scores(head, hidden, labels, with_entropy):
-    return _scores(head(hidden), labels, with_entropy)
+def _head_scores(head, hidden, labels, with_entropy, temperature=1.0):
+    return _scores(head(hidden), labels, with_entropy, temperature)
 
 
 def _checkpointing(model) -> bool:
@@ -140,8 +142,12 @@ def get_response_log_probs(
     positions: torch.Tensor | None = None,
     share_prefix: bool = False,
     chunk_elements: int = CHUNK_ELEMENTS,
+    temperature: float = 1.0,
 ) -> dict[str, torch.Tensor]:
     """Per-token log p(label | prefix), (batch, length), and optionally the per-token entropy.
+
+    `temperature`: score the distribution softmax(logits / T) that rollouts sampled at temperature T came
+    from, so that importance ratios, KL terms and the policy gradient refer to the sampling distribution.
 
     `positions` (batch, length) bool, optional: only these positions are scored (the rest are 0), which
     skips the vocabulary projection of prompt tokens. `share_prefix`: run the rows' common prefix once
@@ -150,6 +156,8 @@ def get_response_log_probs(
     """
     if input_ids.shape != labels.shape:
         raise ValueError(f"input_ids has shape {tuple(input_ids.shape)} but labels has {tuple(labels.shape)}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0; got {temperature!r} (greedy rollouts have no distribution to score)")
     parts = _head_parts(model)
     offset = 0
     if share_prefix and parts is not None and not _checkpointing(model):
@@ -178,11 +186,11 @@ def get_response_log_probs(
         h, y = hidden[start : start + rows], flat_labels[start : start + rows]
         if parts is not None and torch.is_grad_enabled() and h.requires_grad:
             # recompute this chunk's logits in backward instead of keeping them alive
-            lp, ent = checkpoint(_head_scores, head, h, y, return_token_entropy, use_reentrant=False)
+            lp, ent = checkpoint(_head_scores, head, h, y, return_token_entropy, temperature, use_reentrant=False)
         elif parts is not None:
-            lp, ent = _head_scores(head, h, y, return_token_entropy)
+            lp, ent = _head_scores(head, h, y, return_token_entropy, temperature)
         else:
-            lp, ent = _scores(h, y, return_token_entropy)
+            lp, ent = _scores(h, y, return_token_entropy, temperature)
         lp_chunks.append(lp)
         if ent is not None:
             ent_chunks.append(ent)

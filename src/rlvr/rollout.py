@@ -35,7 +35,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings; the matched string stays in the output text
     n: int = 1  # samples per prompt
     seed: int = 0
-    logprobs: bool = False  # return each generated token's log-prob under the model (temperature 1)
+    logprobs: bool = False  # return each generated token's log-prob under softmax(logits / temperature)
+    entropy: bool = False  # return the entropy of softmax(logits / temperature) at each generated token
 
     def __post_init__(self):
         checks = [
@@ -61,6 +62,7 @@ class Completion:
     token_ids: list[int]
     finish_reason: str  # "stop" (stop string or end-of-sequence token) or "length"
     logprobs: list[float] | None = None
+    entropies: list[float] | None = None  # nats, per generated token (SamplingParams.entropy)
 
 
 class RolloutEngine(Protocol):
@@ -351,6 +353,10 @@ class HFEngine:
         rows = _Rows(torch.arange(total), keys, attention, seen)
         tokens: list[list[int]] = [[] for _ in range(total)]
         logprobs: list[list[float]] = [[] for _ in range(total)]
+        entropies: list[list[float]] = [[] for _ in range(total)]
+        # the distribution a sampled token is scored under: the model's at the sampling temperature (T=1
+        # for greedy), before top-p, penalties or min_new_tokens, which the learner cannot reproduce
+        scale = sampling.temperature if sampling.temperature > 0 else 1.0
         finish: list[str | None] = [None] * total
         eos = torch.tensor(self.eos_ids, device=device)
         max_stop = max((len(s) for s in sampling.stop), default=0)
@@ -361,8 +367,12 @@ class HFEngine:
             if step < sampling.min_new_tokens:
                 scores = scores.index_fill(-1, eos, float("-inf"))
             next_tokens = sample_tokens(scores, uniforms(rows.keys, step).to(device), sampling.temperature, sampling.top_p)
-            if sampling.logprobs:
-                lp = torch.log_softmax(logits, dim=-1).gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1).tolist()
+            if sampling.logprobs or sampling.entropy:
+                log_p = torch.log_softmax(logits / scale if scale != 1.0 else logits, dim=-1)
+                if sampling.logprobs:
+                    lp = log_p.gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1).tolist()
+                if sampling.entropy:
+                    ent = torch.special.entr(log_p.exp()).sum(-1).tolist()
             if rows.seen is not None:
                 rows.seen.scatter_(1, next_tokens.unsqueeze(-1), True)
             next_list = next_tokens.tolist()
@@ -373,6 +383,8 @@ class HFEngine:
                 tokens[row].append(token)
                 if sampling.logprobs:
                     logprobs[row].append(lp[j])
+                if sampling.entropy:
+                    entropies[row].append(ent[j])
                 if token in self.eos_ids and step >= sampling.min_new_tokens:
                     finish[row] = "stop"
                 elif max_stop and step + 1 >= sampling.min_new_tokens:
@@ -406,6 +418,7 @@ class HFEngine:
                 text = text[: min(cut)] if cut else text
             self.stats["generated_tokens"] += len(ids)
             completions.append(
-                Completion(row // n, row % n, text, ids, finish[row] or "length", logprobs[row] if sampling.logprobs else None)
+                Completion(row // n, row % n, text, ids, finish[row] or "length",
+                           logprobs[row] if sampling.logprobs else None, entropies[row] if sampling.entropy else None)
             )
         return completions

@@ -60,7 +60,9 @@ class RunMonitor:
         self.kl_history: list[float] = []
         self.no_signal_streak = 0
 
-    def check(self, m: dict) -> list[str]:
+    def check(self, m: dict, trained: bool = True) -> list[str]:
+        """Warnings for this step's metrics. A step that trained nothing (every rollout pruned) cannot have
+        caused an entropy collapse or a KL spike, so those two never fire on it."""
         warnings = []
         length, entropy = m.get("rollout/mean_tokens"), m.get("train/token_entropy")
         if self.first_length is None and length:
@@ -70,11 +72,11 @@ class RunMonitor:
         if length and self.first_length and length > 2 * self.first_length and m.get("rollout/truncated_rate", 0) > 0.5:
             warnings.append(f"response length exploding: {length:.0f} tokens (started at {self.first_length:.0f}), "
                             f"{m['rollout/truncated_rate']:.0%} truncated -- read the rollouts for reward hacking")
-        if entropy is not None and self.first_entropy and entropy < 0.2 * self.first_entropy:
+        if trained and entropy is not None and self.first_entropy and entropy < 0.2 * self.first_entropy:
             warnings.append(f"entropy collapsing: {entropy:.3f} (started at {self.first_entropy:.3f}); "
                             "the reward will plateau -- lower the learning rate or raise the temperature")
         kl = m.get("train/kl")
-        if kl is not None:
+        if kl is not None and trained:
             if len(self.kl_history) >= 3 and kl > 0.05 and kl > 5 * statistics.median(self.kl_history):
                 warnings.append(f"KL spiking: {kl:.4f} vs median {statistics.median(self.kl_history):.4f} -- an "
                                 "exploit or a learning rate that is too high")
@@ -113,7 +115,7 @@ def train_grpo(cfg: TrainConfig) -> dict:
     model, tokenizer, state = load_policy(cfg, run_dir)
     k = cfg.steps_per_rollout
     optimizer, scheduler = build_optimizer(model, cfg, cfg.steps * k)
-    reference = _reference_model(cfg, model)
+    reference = _reference_model(cfg)
     monitor = RunMonitor(cfg.max_new_tokens)
     step, epoch, position = restore(state, optimizer, scheduler)
     if state is not None:
@@ -148,7 +150,7 @@ def train_grpo(cfg: TrainConfig) -> dict:
         sampling = SamplingParams(
             temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
             min_new_tokens=cfg.min_new_tokens, repetition_penalty=cfg.repetition_penalty, stop=prompt.stop,
-            n=cfg.group_size, seed=cfg.seed * 1_000_003 + step)
+            n=cfg.group_size, seed=cfg.seed * 1_000_003 + step, entropy=True)
         completions = engine.generate(prompts, sampling)
         times["generate"] = time.perf_counter() - t
         responses = [c.text for c in completions]
@@ -160,6 +162,8 @@ def train_grpo(cfg: TrainConfig) -> dict:
         t = time.perf_counter()
         scores, grading = score_batch(reward_fn, responses, truths)
         raw_rewards, reward_meta = rewards_and_metadata(scores, grading)
+        if cfg.reward_signal == "correctness":  # RFT's indicator, MaxRL's success: shaping does not enter
+            raw_rewards = torch.tensor([float(s_["answer_reward"]) for s_ in scores])
         advantages, adv_meta = compute_group_normalized_rewards(
             raw_rewards, cfg.group_size, cfg.baseline, cfg.advantage_eps, cfg.advantage_normalizer)
         times["score"] = time.perf_counter() - t
@@ -180,7 +184,8 @@ def train_grpo(cfg: TrainConfig) -> dict:
         if needs_old and k > 1:  # before any update; the first train batch uses the live (identical) policy
             later = [r for s in splits[1:] for r in s if cfg.beta > 0 or advantages[r] != 0]
             old_log_probs = score_log_probs(model, batch["input_ids"], batch["labels"], mask, cfg.microbatch_size,
-                                            cfg.precision, rows=later, share_prefix=cfg.share_prefix)
+                                            cfg.precision, rows=later, share_prefix=cfg.share_prefix,
+                                            temperature=cfg.temperature)
         times["old_logprobs"] = time.perf_counter() - t
         t = time.perf_counter()
         reference_log_probs = None
@@ -202,7 +207,7 @@ def train_grpo(cfg: TrainConfig) -> dict:
                     loss_normalization=cfg.loss_normalization, normalization_constant=cfg.normalization_constant,
                     beta=cfg.beta, reference_log_probs=reference_log_probs[idx] if reference_log_probs is not None else None,
                     kl_estimator=cfg.kl_estimator, precision=cfg.precision, on_policy_ratio=needs_old and i == 0,
-                    share_prefix=cfg.share_prefix)
+                    share_prefix=cfg.share_prefix, temperature=cfg.temperature)
             except NonFiniteLoss as err:
                 log.error("step %d, train batch %d: %s", step, i, err)
                 updates.append({"nonfinite": 1.0})
@@ -219,7 +224,7 @@ def train_grpo(cfg: TrainConfig) -> dict:
             val_metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
             metrics.update(val_metrics)
             metrics["time/validate"] = time.perf_counter() - t
-        for warning in monitor.check(metrics):
+        for warning in monitor.check(metrics, trained=metrics.get("train/trained_tokens", 0) > 0):
             log.warning("step %d: %s", step, warning)
             metrics.setdefault("warnings", []).append(warning)
         logger.log(step, metrics)
@@ -243,19 +248,27 @@ def train_grpo(cfg: TrainConfig) -> dict:
                **{k_: v for k_, v in metrics.items() if k_.startswith("val/")}}
     final = ckpt.save_final(run_dir, model, tokenizer, summary)
     logger.close()
-    log.info("training finished: validation accuracy %.3f; model in %s", summary.get("val/accuracy", float("nan")), final)
+    log.info("training finished: %s; model in %s", finished_validation(summary), final)
     return {**summary, "final": str(final)}
 
 
-def _reference_model(cfg: TrainConfig, model):
-    """A frozen copy of the starting policy for the KL term; with LoRA the adapter-free base serves."""
+def finished_validation(summary: dict) -> str:
+    if "val/accuracy" not in summary:
+        return "no validation (eval_at_end=false and no eval_every step)"
+    return f"validation accuracy {summary['val/accuracy']:.3f}, format rate {summary['val/format_rate']:.3f}"
+
+
+def _reference_model(cfg: TrainConfig):
+    """A frozen copy of the starting policy (`model=`, also after a resume) for the KL term; with LoRA the
+    adapter-free base serves."""
     if not cfg.beta:
         return None
     if cfg.lora_rank > 0:
         return None  # `disable_adapter()` on the policy itself gives the reference
-    import copy
+    from rlvr.models import load_model
 
-    reference = copy.deepcopy(model).eval()
+    reference, _ = load_model(cfg.model)
+    reference.eval()
     for p in reference.parameters():
         p.requires_grad_(False)
     return reference
@@ -264,15 +277,19 @@ def _reference_model(cfg: TrainConfig, model):
 def _reference_log_probs(reference, model, batch, mask, cfg: TrainConfig) -> torch.Tensor:
     if reference is not None:
         return score_log_probs(reference, batch["input_ids"], batch["labels"], mask, cfg.microbatch_size, cfg.precision,
-                               share_prefix=cfg.share_prefix)
+                               share_prefix=cfg.share_prefix, temperature=cfg.temperature)
     with model.disable_adapter():
         return score_log_probs(model, batch["input_ids"], batch["labels"], mask, cfg.microbatch_size, cfg.precision,
-                               share_prefix=cfg.share_prefix)
+                               share_prefix=cfg.share_prefix, temperature=cfg.temperature)
 
 
 def _step_metrics(cfg, completions, scores, reward_meta, adv_meta, updates, times, scheduler) -> dict:
     lengths = [len(c.token_ids) for c in completions]
     ok = [u for u in updates if "nonfinite" not in u]
+    # an update on a fully pruned train batch is a zero-gradient step: its loss and grad norm are 0 by
+    # construction, and averaging them in would make a step look quieter than its training was
+    trained = [u for u in ok if u["trained_rollouts"] > 0]
+    entropies = [e for c in completions for e in (c.entropies or [])]
     m = {
         "train/reward": reward_meta["reward_mean"],
         "train/format_reward": reward_meta["format_reward_mean"],
@@ -284,7 +301,11 @@ def _step_metrics(cfg, completions, scores, reward_meta, adv_meta, updates, time
         "rollout/truncated_rate": sum(c.finish_reason == "length" for c in completions) / len(completions),
         "train/lr": scheduler.get_last_lr()[0],
         "train/nonfinite_steps": len(updates) - len(ok),
+        "train/updates_trained": len(trained),
+        "train/trained_tokens": sum(u["trained_tokens"] for u in ok),
     }
+    if entropies:  # the whole rollout batch's, from the sampler: pruning cannot bias it
+        m["train/token_entropy"] = sum(entropies) / len(entropies)
     for key, value in reward_meta.items():
         if key.startswith("reward/"):
             m[f"train/{key.removesuffix('_mean')}"] = value
@@ -292,20 +313,23 @@ def _step_metrics(cfg, completions, scores, reward_meta, adv_meta, updates, time
             m[key] = value
     m.update(_group_pass_at_k([s["answer_reward"] for s in scores], cfg.group_size))
     if ok:
-        for key in ("loss", "grad_norm", "token_entropy", "clip_fraction", "kl", "ratio_mean", "pruned_fraction"):
-            values = [u[key] for u in ok if key in u]
+        m["train/pruned_fraction"] = sum(u["pruned_fraction"] for u in ok) / len(ok)
+    if trained:
+        for key in ("loss", "grad_norm", "clip_fraction", "kl", "ratio_mean"):
+            values = [u[key] for u in trained if key in u]
             if values:
                 m[f"train/{key}"] = sum(values) / len(values)
-        m["train/grad_norm_max"] = max(u["grad_norm"] for u in ok)
-        if any("ratio_max" in u for u in ok):
-            m["train/ratio_max"] = max(u["ratio_max"] for u in ok)
-            m["train/ratio_min"] = min(u["ratio_min"] for u in ok)
-        m["train/trained_tokens"] = sum(u["trained_tokens"] for u in ok)
+        m["train/grad_norm_max"] = max(u["grad_norm"] for u in trained)
+        if any("ratio_max" in u for u in trained):
+            m["train/ratio_max"] = max(u["ratio_max"] for u in trained if "ratio_max" in u)
+            m["train/ratio_min"] = min(u["ratio_min"] for u in trained if "ratio_min" in u)
+        m["train/trained_token_entropy"] = (sum(u["trained_token_entropy_sum"] for u in trained)
+                                            / max(m["train/trained_tokens"], 1))
     for phase, seconds in times.items():
         m[f"time/{phase}"] = seconds
     m["time/step"] = sum(times.values())
     m["time/generate_tokens_per_second"] = sum(lengths) / max(times["generate"], 1e-9)
-    if ok and times["train"] > 0:
+    if trained and times["train"] > 0:
         m["time/train_tokens_per_second"] = m["train/trained_tokens"] / times["train"]
     return m
 

@@ -43,8 +43,8 @@ def load_policy(cfg: TrainingFields, run_dir: Path):
     """The trainable model and tokenizer, from the last checkpoint when resuming. Returns (model, tokenizer,
     trainer state or None)."""
     resume_from = ckpt.latest_checkpoint(run_dir) if cfg.resume else None
-    if cfg.resume and resume_from is None:
-        log.warning("--resume: no checkpoint in %s; starting from the beginning", run_dir)
+    if cfg.resume and resume_from is None:  # the first run of a resumable job: nothing to warn about
+        log.info("resume: no checkpoint in %s yet; starting from the beginning", run_dir)
     model, tokenizer = load_model(cfg.model)
     model = prepare_for_training(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout,
                                  gradient_checkpointing=cfg.gradient_checkpointing)

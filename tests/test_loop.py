@@ -1,0 +1,121 @@
+"""The RL loop's wiring (issue 21): every preset's choices reach the maths, the KL term pulls toward the
+reference, and the learning rate of every optimizer step is the schedule's value. Spies wrap the real
+functions (the maths still runs); nothing here is a mock of an estimator."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from rlvr import train as train_module
+from rlvr.estimators import PRESETS
+from rlvr.grpo import policy_gradient_update
+from rlvr.policy import tokenize_prompt_and_output
+
+from test_train import _cfg, _parity  # noqa: F401 (_parity: the autouse reward with signal in every group)
+
+
+def _spy(monkeypatch, name, calls):
+    real = getattr(train_module, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, name, wrapper)
+
+
+@pytest.mark.parametrize("algorithm", list(PRESETS))
+def test_every_preset_reaches_the_advantages_and_the_update(tmp_path, model_dir, monkeypatch, algorithm):
+    preset = PRESETS[algorithm]
+    extra = {"group_size": 1} if algorithm == "reinforce" else {}
+    if preset.mask_truncated_completions:
+        extra["mask_truncated_completions"] = False  # the random model's rollouts are all truncated
+    advantage_calls, update_calls = [], []
+    _spy(monkeypatch, "compute_group_normalized_rewards", advantage_calls)
+    _spy(monkeypatch, "policy_gradient_update", update_calls)
+    cfg = _cfg(model_dir, tmp_path / algorithm, algorithm=algorithm, steps=2, eval_every=0, eval_at_start=False,
+               eval_at_end=False, **extra)
+    from rlvr.models import load_model
+
+    start = {n: p.detach().clone() for n, p in load_model(cfg.model)[0].named_parameters()}
+    train_module.train_grpo(cfg)
+
+    assert len(advantage_calls) == 2
+    for args, kwargs in advantage_calls:
+        _, group_size, baseline, eps, normalizer = args
+        assert (group_size, baseline, normalizer, eps) == (cfg.group_size, preset.baseline,
+                                                           preset.advantage_normalizer, cfg.advantage_eps)
+    assert len(update_calls) == 2 * preset.steps_per_rollout
+    for i, (args, kwargs) in enumerate(update_calls):
+        assert kwargs["importance_reweighting_method"] == preset.importance_reweighting_method
+        assert kwargs["cliprange"] == preset.cliprange and kwargs["cliprange_high"] == preset.cliprange_high
+        assert kwargs["loss_normalization"] == preset.loss_normalization
+        assert kwargs["beta"] == preset.beta and kwargs["kl_estimator"] == preset.kl_estimator
+        assert kwargs["on_policy_ratio"] == (preset.importance_reweighting_method != "none"
+                                             and i % preset.steps_per_rollout == 0)
+        assert args[2].shape[0] == cfg.rollout_batch_size // preset.steps_per_rollout  # the train batch's rows
+        if preset.loss_normalization == "constant":
+            assert kwargs["normalization_constant"] == cfg.train_batch_size * cfg.max_new_tokens
+    trained = load_model(str(tmp_path / algorithm / "final"))[0]
+    moved = max(float((p.detach() - start[n]).abs().max()) for n, p in trained.named_parameters())
+    assert moved > 1e-5
+
+
+def _exact_kl(model, reference, batch) -> float:
+    """KL(pi || pi_ref) of the full next-token distributions at the response positions (no sampling)."""
+    with torch.no_grad():
+        logp = model(input_ids=batch["input_ids"]).logits.log_softmax(-1)
+        logq = reference(input_ids=batch["input_ids"]).logits.log_softmax(-1)
+    kl = (logp.exp() * (logp - logq)).sum(-1)
+    return float(kl[batch["response_mask"]].mean())
+
+
+@pytest.mark.parametrize("estimator", ["k2", "k3"])
+def test_the_kl_term_alone_pulls_the_policy_toward_the_reference(tiny_model, tokenizer, estimator):
+    reference = copy.deepcopy(tiny_model)
+    with torch.no_grad():  # a policy that has drifted from the reference
+        g = torch.Generator().manual_seed(0)
+        for p in tiny_model.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=g))
+    responses = [" 2+2=4 </think> <answer> 4 </answer>", " five", " 3 and 4 make 7", " seven </think>"]
+    batch = tokenize_prompt_and_output(["Q: 2+2?\nA: <think>"] * 2 + ["Q: 3+4?\nA: <think>"] * 2, responses, tokenizer)
+    with torch.no_grad():
+        ref_lp = reference(input_ids=batch["input_ids"]).logits.log_softmax(-1)
+        ref_lp = ref_lp.gather(-1, batch["labels"].unsqueeze(-1)).squeeze(-1)
+    before = _exact_kl(tiny_model, reference, batch)
+    for _ in range(5):
+        policy_gradient_update(tiny_model, torch.optim.SGD(tiny_model.parameters(), lr=0.2), batch["input_ids"],
+                               batch["labels"], batch["response_mask"], torch.zeros(4), 2, None, beta=1.0,
+                               reference_log_probs=ref_lp, kl_estimator=estimator)
+    after = _exact_kl(tiny_model, reference, batch)
+    assert before > 0.05 and after < 0.9 * before  # flipping the sign of the KL term raises it instead
+
+
+def test_learning_rate_of_every_optimizer_step_is_the_schedule(tmp_path, model_dir, monkeypatch):
+    # off-policy: 4 optimizer steps per rollout batch, 3 rollout batches -> 12 steps, warmup 2, cosine to 10 %
+    seen = []
+    real = train_module.policy_gradient_update
+
+    def recording(model, optimizer, *args, **kwargs):
+        seen.append(optimizer.param_groups[0]["lr"])
+        return real(model, optimizer, *args, **kwargs)
+
+    monkeypatch.setattr(train_module, "policy_gradient_update", recording)
+    lr, total, warmup, floor = 1e-3, 12, 2, 0.1
+    train_module.train_grpo(_cfg(model_dir, tmp_path / "lr", algorithm="offpolicy_clip", steps=3, lr_schedule="cosine",
+                                 warmup_steps=warmup, min_lr_ratio=floor, learning_rate=lr, eval_every=0,
+                                 eval_at_start=False, eval_at_end=False))
+
+    def schedule(step):  # warmup from 0, then cosine from lr down to floor * lr at the last step
+        if step < warmup:
+            return lr * step / warmup
+        progress = (step - warmup) / (total - warmup)
+        return lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    assert seen == pytest.approx([schedule(s) for s in range(total)], rel=1e-9, abs=1e-15)
+    from rlvr.tracking import read_jsonl
+
+    logged = [r["train/lr"] for r in read_jsonl(tmp_path / "lr" / "metrics.jsonl")]
+    assert logged == pytest.approx([schedule(4), schedule(8), schedule(12)], rel=1e-9)
