@@ -70,21 +70,22 @@ HEADLINE = {"identical": "rlvr", "recommended": "rlvr_recommended"}
 
 
 # ----------------------------------------------------------------------------------------------------
-# rlvr: one iteration of src/rlvr/train.py's loop, built from the library's public pieces.
+# rlvr: one iteration of src/rlvr/rl.py's loop, built from the library's public pieces.
 
 
 def rlvr_child(spec: dict, args) -> dict:
     import torch
 
+    from rlvr.algorithms import compute_advantages
     from rlvr.config import TrainConfig
-    from rlvr.estimators import compute_group_normalized_rewards
-    from rlvr.grpo import policy_gradient_update
+    from rlvr.hf_engine import HFEngine
+    from rlvr.loop_common import build_optimizer
     from rlvr.models import load_model, prepare_for_training
     from rlvr.policy import tokenize_prompt_and_output
     from rlvr.rewards import rewards_and_metadata, score_batch
-    from rlvr.rollout import HFEngine, SamplingParams
-    from rlvr.train import build_reward_fn
-    from rlvr.training import build_optimizer
+    from rlvr.rl import build_reward_fn
+    from rlvr.rollout import SamplingParams
+    from rlvr.update import TrainBatch, policy_gradient_update
 
     set_threads(args.threads)
     n = args.questions * args.group_size
@@ -117,17 +118,14 @@ def rlvr_child(spec: dict, args) -> dict:
         truths = [answers[c.prompt_index] for c in completions]
         scores, grading = score_batch(reward_fn, responses, truths)
         raw_rewards, reward_meta = rewards_and_metadata(scores, grading)
-        advantages, _ = compute_group_normalized_rewards(raw_rewards, cfg.group_size, cfg.baseline,
-                                                         cfg.advantage_eps, cfg.advantage_normalizer)
+        advantages, _ = compute_advantages(raw_rewards, cfg.group_size, cfg.estimator)
         if spec["train_all"] or args.train_all:  # no rollout pruned; a 1e-12 advantage changes no timing
             advantages = torch.where(advantages == 0, torch.full_like(advantages, 1e-12), advantages)
         t2 = time.perf_counter()
         batch = tokenize_prompt_and_output(repeated_prompts, responses, tokenizer)
         _, meta = policy_gradient_update(
-            model, optimizer, batch["input_ids"], batch["labels"], batch["response_mask"], advantages,
-            gradient_accumulation_steps=math.ceil(n / cfg.microbatch_size), max_grad_norm=cfg.max_grad_norm,
-            importance_reweighting_method=cfg.importance_reweighting_method, loss_normalization=cfg.loss_normalization,
-            precision=cfg.precision)
+            model, optimizer, TrainBatch(batch["input_ids"], batch["labels"], batch["response_mask"], advantages),
+            cfg.estimator, math.ceil(n / cfg.microbatch_size), cfg.max_grad_norm, precision=cfg.precision)
         scheduler.step()
         t3 = time.perf_counter()
         lengths = [len(c.token_ids) for c in completions]

@@ -113,7 +113,7 @@ def main() -> None:
 
     set_threads(args.threads)
     from rlvr.models import load_model
-    from rlvr.rollout import HFEngine
+    from rlvr.hf_engine import HFEngine
 
     model, tokenizer = load_model()
     model.eval()

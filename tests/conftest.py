@@ -84,3 +84,20 @@ def default_grading():
     yield
     configure_grading()
     reset_grading_stats()
+
+
+def run_update(model, optimizer, tokens: dict, advantages, gradient_accumulation_steps: int, max_grad_norm,
+               importance_reweighting_method: str = "none", old_log_probs=None, *, reference_log_probs=None,
+               on_policy_ratio: bool = False, precision: str = "fp32", share_prefix: bool = True,
+               temperature: float = 1.0, **choices):
+    """`policy_gradient_update` on a tokenized batch with the estimator choices as keywords (the tests'
+    shorthand for building the TrainBatch and the EstimatorSpec)."""
+    from rlvr.algorithms import EstimatorSpec
+    from rlvr.update import TrainBatch, policy_gradient_update
+
+    batch = TrainBatch(tokens["input_ids"], tokens["labels"], tokens["response_mask"], advantages, old_log_probs,
+                       reference_log_probs)
+    spec = EstimatorSpec(importance_reweighting_method=importance_reweighting_method, **choices).validate()
+    return policy_gradient_update(model, optimizer, batch, spec, gradient_accumulation_steps, max_grad_norm,
+                                  on_policy_ratio=on_policy_ratio, precision=precision, share_prefix=share_prefix,
+                                  temperature=temperature)

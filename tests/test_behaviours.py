@@ -12,16 +12,16 @@ import pytest
 import torch
 
 from rlvr import models as models_module
-from rlvr import train as train_module
+from rlvr import rl as train_module
 from rlvr.config import EvalConfig, SFTConfig, TrainConfig
 from rlvr.data import load_split
-from rlvr.grpo import NonFiniteLoss
+from rlvr.update import NonFiniteLoss
 from rlvr.policy import tokenize_prompt_and_output
 from rlvr.prompts import get_prompt
 from rlvr.rewards import rewards_and_metadata, score_batch
 from rlvr.tracking import read_jsonl
-from rlvr.train import RunMonitor
-from rlvr.train import build_reward_fn as real_build_reward_fn  # before the autouse fixture replaces it
+from rlvr.rl import RunMonitor
+from rlvr.rl import build_reward_fn as real_build_reward_fn  # before the autouse fixture replaces it
 
 from test_train import _cfg, _parity  # noqa: F401 (_parity: the autouse reward with signal in every group)
 
@@ -151,11 +151,12 @@ def stopping_model_dir(tmp_path, tiny_model, tokenizer):
 def _spy_updates(monkeypatch, calls, before=None):
     real = train_module.policy_gradient_update
 
-    def spy(model, optimizer, input_ids, labels, mask, advantages, *args, **kwargs):
-        calls.append({"input_ids": input_ids.clone(), "mask": mask.clone(), "advantages": advantages.clone()})
+    def spy(model, optimizer, batch, *args, **kwargs):
+        calls.append({"input_ids": batch.input_ids.clone(), "mask": batch.response_mask.clone(),
+                      "advantages": batch.advantages.clone()})
         if before is not None:
             before(len(calls), model)
-        return real(model, optimizer, input_ids, labels, mask, advantages, *args, **kwargs)
+        return real(model, optimizer, batch, *args, **kwargs)
 
     monkeypatch.setattr(train_module, "policy_gradient_update", spy)
 

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from rlvr.cli import app
 from rlvr.config import DemoConfig, EvalConfig, SFTConfig, TrainConfig, load_config
 from rlvr.estimators import PRESETS
-from rlvr.experiments import LOCK, SweepConfig, read_jsonl
+from rlvr.sweep import LOCK, SweepConfig
+from rlvr.tracking import read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDE = {"COLUMNS": "250"}  # rich wraps tables and help text to the terminal width; CliRunner has none

@@ -12,13 +12,14 @@ import pytest
 import torch
 
 from rlvr import estimators as E
-from rlvr import train as train_module
+from rlvr import rl as train_module
 from rlvr.config import ConfigError, SamplingMismatchWarning, TrainConfig, load_config
 from rlvr.estimators import aggregate_loss_across_microbatch, compute_policy_gradient_loss, kl_penalty
-from rlvr.grpo import grpo_train_step, policy_gradient_update
+from rlvr.update import grpo_train_step
 from rlvr.policy import get_response_log_probs, tokenize_prompt_and_output
 from rlvr.tracking import read_jsonl
 
+from conftest import run_update
 from test_train import _cfg, _parity, _strip, parity_reward  # noqa: F401 (_parity: the autouse reward)
 
 PROMPTS = ["Q: 2+2?\nA: <think>", "Q: 3+4?\nA: <think>"]
@@ -74,8 +75,7 @@ def test_a_microbatch_of_only_empty_responses_contributes_zero(tiny_model, token
         sgd = torch.optim.SGD(model.parameters(), lr=1.0)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         # microbatches of one row: two of them hold nothing but an empty response
-        _, meta = policy_gradient_update(model, sgd, batch["input_ids"], batch["labels"], batch["response_mask"],
-                                         advantages, 4, None, loss_normalization=normalization,
+        _, meta = run_update(model, sgd, batch, advantages, 4, None, loss_normalization=normalization,
                                          normalization_constant=50.0)
         assert meta["trained_rollouts"] == 2
         for (name, p), (_, r) in zip(model.named_parameters(), reference.named_parameters()):
@@ -105,8 +105,7 @@ def test_fully_pruned_batch_gives_the_unpruned_adamw_update(tiny_model, tokenize
     for advantages in (signal, nothing, nothing):
         before = [p.detach().clone() for p in models[0].parameters()]
         # rlvr's step on models[0]; seed 004's whole-batch step on models[1]
-        policy_gradient_update(models[0], optimizers[0], batch["input_ids"], batch["labels"], batch["response_mask"],
-                               advantages, 2, 1.0, loss_normalization=normalization, normalization_constant=40.0)
+        run_update(models[0], optimizers[0], batch, advantages, 2, 1.0, loss_normalization=normalization, normalization_constant=40.0)
         optimizers[1].zero_grad()
         _whole_batch_loss(models[1], batch, advantages, normalization, 40.0).backward()
         torch.nn.utils.clip_grad_norm_(models[1].parameters(), 1.0)
@@ -151,7 +150,8 @@ def test_grpo_train_step_entropy_is_the_whole_batch(tiny_model, tokenizer):
 
 
 def test_rollout_entropy_matches_a_scoring_pass_at_the_sampling_temperature(tiny_model, tokenizer):
-    from rlvr.rollout import HFEngine, SamplingParams
+    from rlvr.hf_engine import HFEngine
+    from rlvr.rollout import SamplingParams
 
     c = HFEngine(tiny_model, tokenizer).generate(PROMPTS[:1], SamplingParams(
         temperature=0.7, max_new_tokens=8, logprobs=True, entropy=True, seed=3))[0]
@@ -234,14 +234,14 @@ def test_rft_and_maxrl_use_correctness_not_the_shaped_reward(tmp_path, model_dir
         return {"reward": right + bonus, "format_reward": float(bonus > 0), "answer_reward": right}
 
     seen = []
-    real = train_module.compute_group_normalized_rewards
+    real = train_module.compute_advantages
 
     def spy(raw_rewards, *args, **kwargs):
         seen.append(raw_rewards.clone())
         return real(raw_rewards, *args, **kwargs)
 
     monkeypatch.setattr(train_module, "build_reward_fn", lambda cfg, name: shaped)
-    monkeypatch.setattr(train_module, "compute_group_normalized_rewards", spy)
+    monkeypatch.setattr(train_module, "compute_advantages", spy)
     train_module.train_grpo(_cfg(model_dir, tmp_path / algorithm, algorithm=algorithm, steps=2, eval_every=0,
                                  eval_at_start=False, eval_at_end=False, log_rollouts_every=1))
     logged = read_jsonl(tmp_path / algorithm / "rollouts.jsonl")
@@ -277,9 +277,8 @@ def test_gspo_clip_fraction_across_microbatches_counts_sequences(tiny_model, tok
         current = get_response_log_probs(tiny_model, batch["input_ids"], batch["labels"])["log_probs"]
     old = current.clone()
     old[0] -= 0.5  # the long row's sequence ratio is e^0.5: clipped; the short row's is 1
-    _, meta = policy_gradient_update(tiny_model, torch.optim.SGD(tiny_model.parameters(), lr=0.0),
-                                     batch["input_ids"], batch["labels"], batch["response_mask"],
-                                     torch.ones(2), 2, None, "gspo", old, cliprange=0.1)
+    _, meta = run_update(tiny_model, torch.optim.SGD(tiny_model.parameters(), lr=0.0), batch, torch.ones(2), 2, None,
+                         "gspo", old, cliprange=0.1)
     assert meta["clip_fraction"] == pytest.approx(0.5)  # one sequence of two, not 0.9 of the tokens
 
 
@@ -331,8 +330,8 @@ def test_log_probs_and_update_at_the_sampling_temperature(tiny_model, tokenizer)
     reference = copy.deepcopy(tiny_model)
     _whole_batch_loss(reference, batch, advantages, "sequence", temperature=0.6).backward()
     before = {n: p.detach().clone() for n, p in tiny_model.named_parameters()}
-    policy_gradient_update(tiny_model, torch.optim.SGD(tiny_model.parameters(), lr=1.0), batch["input_ids"],
-                           batch["labels"], mask, advantages, 2, None, temperature=0.6)
+    run_update(tiny_model, torch.optim.SGD(tiny_model.parameters(), lr=1.0), batch, advantages, 2, None,
+               temperature=0.6)
     for (name, p), (_, r) in zip(tiny_model.named_parameters(), reference.named_parameters()):
         torch.testing.assert_close(before[name] - p.detach(), r.grad, rtol=1e-4, atol=1e-7)
 
@@ -362,11 +361,11 @@ def test_sampling_that_the_learner_cannot_score_warns_at_config_time(override):
 def test_gradients_left_behind_by_the_caller_do_not_leak_into_the_step(tiny_model, tokenizer):
     batch = _batch(tokenizer, [" 4 </think> <answer> 4 </answer>", " five"])
     clean = copy.deepcopy(tiny_model)
-    args = (batch["input_ids"], batch["labels"], batch["response_mask"], torch.tensor([1.0, -1.0]), 1, None)
-    policy_gradient_update(clean, torch.optim.SGD(clean.parameters(), lr=1.0), *args)
+    args = (batch, torch.tensor([1.0, -1.0]), 1, None)
+    run_update(clean, torch.optim.SGD(clean.parameters(), lr=1.0), *args)
     for p in tiny_model.parameters():
         p.grad = torch.full_like(p, 3.0)
-    policy_gradient_update(tiny_model, torch.optim.SGD(tiny_model.parameters(), lr=1.0), *args)
+    run_update(tiny_model, torch.optim.SGD(tiny_model.parameters(), lr=1.0), *args)
     for p, q in zip(tiny_model.parameters(), clean.parameters()):
         torch.testing.assert_close(p.detach(), q.detach())
 
@@ -421,7 +420,7 @@ def test_readme_algorithm_table_matches_the_preset_table():
             if line.startswith("| ") and line.split("|")[1].strip() in E.PRESETS]
     table = {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows}
     assert set(table) == set(E.PRESETS)
-    methods = {"none": "none", "noclip": "token ratio", "grpo": "PPO clip", "gspo": "sequence geometric mean",
+    methods = {"none": "none", "noclip": "token ratio", "clip": "PPO clip", "gspo": "sequence geometric mean",
                "cispo": "capped"}
     for name, p in E.PRESETS.items():
         baseline, normalizer, weighting, aggregation, steps, signal = table[name][:6]

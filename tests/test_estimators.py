@@ -115,7 +115,7 @@ def test_loss_noclip_is_minus_advantage_times_ratio():
 
 
 def test_loss_grpo_clip_hand_values():
-    loss, meta = compute_policy_gradient_loss(A, LOGP, "grpo", old_log_probs=OLD, cliprange=0.2)
+    loss, meta = compute_policy_gradient_loss(A, LOGP, "clip", old_log_probs=OLD, cliprange=0.2)
     # row 0 (A=2): ratios [1, e^-1]; min(A w, A clip(w)) = [2, 2 e^-1] (the clip of a small ratio never binds for A>0)
     # row 1 (A=-1): ratios [e^.5, e^-2]; min = [-e^.5, -0.8] -> the second token takes the clipped branch
     expected = torch.tensor([[-2.0, -2 * e(-1)], [e(0.5), 0.8]])
@@ -126,9 +126,9 @@ def test_loss_grpo_clip_hand_values():
 def test_loss_grpo_clip_higher_is_asymmetric():
     # ratio 1.25 with A > 0: clipped at 1.2 by eps=0.2, free under DAPO's eps_high=0.28
     logp, old = torch.tensor([[math.log(1.25)]]), torch.zeros(1, 1)
-    sym, m1 = compute_policy_gradient_loss(torch.tensor([1.0]), logp, "grpo", old_log_probs=old, cliprange=0.2)
+    sym, m1 = compute_policy_gradient_loss(torch.tensor([1.0]), logp, "clip", old_log_probs=old, cliprange=0.2)
     high, m2 = compute_policy_gradient_loss(
-        torch.tensor([1.0]), logp, "grpo", old_log_probs=old, cliprange=0.2, cliprange_high=0.28
+        torch.tensor([1.0]), logp, "clip", old_log_probs=old, cliprange=0.2, cliprange_high=0.28
     )
     assert sym.item() == pytest.approx(-1.2) and m1["clip_fraction"].item() == 1.0
     assert high.item() == pytest.approx(-1.25) and m2["clip_fraction"].item() == 0.0
@@ -137,7 +137,7 @@ def test_loss_grpo_clip_higher_is_asymmetric():
 def test_clip_fraction_counts_both_branches_of_the_clip():
     # A > 0 clipped above (ratio 1.5 > 1.2), A < 0 clipped below (ratio 0.5 < 0.8), and one free token of each
     logp = torch.log(torch.tensor([[1.5, 1.1], [0.5, 0.9]]))
-    loss, meta = compute_policy_gradient_loss(torch.tensor([1.0, -1.0]), logp, "grpo", old_log_probs=torch.zeros(2, 2),
+    loss, meta = compute_policy_gradient_loss(torch.tensor([1.0, -1.0]), logp, "clip", old_log_probs=torch.zeros(2, 2),
                                               cliprange=0.2)
     torch.testing.assert_close(loss, torch.tensor([[-1.2, -1.1], [0.8, 0.9]]))
     assert meta["clip_fraction"].item() == 0.5
@@ -166,8 +166,8 @@ def test_loss_cispo_hand_values():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(importance_reweighting_method="grpo", cliprange=0.2), "needs old_log_probs"),
-        (dict(importance_reweighting_method="grpo", old_log_probs=OLD), "needs cliprange"),
+        (dict(importance_reweighting_method="clip", cliprange=0.2), "needs old_log_probs"),
+        (dict(importance_reweighting_method="clip", old_log_probs=OLD), "needs cliprange"),
         (dict(importance_reweighting_method="gspo", old_log_probs=OLD), "needs cliprange"),
         (dict(importance_reweighting_method="ppo"), "importance_reweighting_method='ppo'"),
         (dict(importance_reweighting_method="noclip", old_log_probs=OLD[:1]), "old_log_probs has shape"),
@@ -297,7 +297,7 @@ def _closed_form_gradient(method, logp, old, mask, adv, eps, eps_high, c):
         return -ci * A * m
     if method == "noclip":
         return -ci * A * w * m
-    if method == "grpo":
+    if method == "clip":
         keep = torch.where(A >= 0, w < 1 + eps_high, w > 1 - eps).float()  # eq. 60
         return -ci * keep * w * A * m
     if method == "cispo":
@@ -311,7 +311,7 @@ def _closed_form_gradient(method, logp, old, mask, adv, eps, eps_high, c):
     raise AssertionError(method)
 
 
-METHODS = ["none", "noclip", "grpo", "gspo", "cispo"]
+METHODS = ["none", "noclip", "clip", "gspo", "cispo"]
 AGGREGATIONS = ["sequence", "sum", "constant", "token"]
 
 
@@ -331,7 +331,7 @@ def test_autograd_gradient_equals_closed_form(method, aggregation, seed):
     expected = _closed_form_gradient(method, logp.detach(), old, mask, adv, eps, eps_high,
                                      _sequence_weights(aggregation, mask, constant))
     torch.testing.assert_close(logp.grad, expected, rtol=1e-5, atol=1e-7)
-    if method in ("grpo", "gspo"):
+    if method in ("clip", "gspo"):
         # the test data must exercise both branches of the clip, or it proves little
         assert 0.0 < meta["clip_fraction"].item() < 1.0
 
@@ -423,7 +423,7 @@ def test_presets_match_the_assignment_settings():
     assert P["reinforce"].baseline == "none" and P["reinforce_with_baseline"].baseline == "mean"
     assert P["offpolicy_naive"].importance_reweighting_method == "none" and P["offpolicy_naive"].steps_per_rollout > 1
     assert P["offpolicy_noclip"].importance_reweighting_method == "noclip"
-    assert (P["offpolicy_clip"].importance_reweighting_method, P["offpolicy_clip"].cliprange) == ("grpo", 0.2)
+    assert (P["offpolicy_clip"].importance_reweighting_method, P["offpolicy_clip"].cliprange) == ("clip", 0.2)
     assert (P["offpolicy_gspo"].importance_reweighting_method, P["offpolicy_gspo"].cliprange) == ("gspo", 3e-4)
     assert P["cispo"].importance_reweighting_method == "cispo"
     assert (P["dapo"].cliprange, P["dapo"].cliprange_high, P["dapo"].loss_normalization) == (0.2, 0.28, "token")
@@ -436,4 +436,17 @@ def test_unknown_preset_lists_valid_names():
     with pytest.raises(ValueError, match=r"unknown algorithm 'ppo'; valid: reinforce, .*dr_grpo.*dapo"):
         E.get_preset("ppo")
     with pytest.raises(ValueError, match="needs cliprange"):
-        E.Preset("mean", "std", "grpo", "sequence").validate()
+        E.Preset("mean", "std", "clip", "sequence").validate()
+
+
+def test_the_old_name_of_the_clip_still_works_with_a_warning():
+    with pytest.warns(DeprecationWarning, match="'grpo' is now called 'clip'"):
+        old, _ = compute_policy_gradient_loss(A, LOGP, "grpo", old_log_probs=OLD, cliprange=0.2)
+    new, _ = compute_policy_gradient_loss(A, LOGP, "clip", old_log_probs=OLD, cliprange=0.2)
+    assert torch.equal(old, new)
+    from rlvr.config import TrainConfig, load_config
+
+    with pytest.warns(DeprecationWarning):
+        cfg = load_config(TrainConfig, overrides={"algorithm": "offpolicy_naive", "importance_reweighting_method": "grpo",
+                                                  "cliprange": 0.2})
+    assert cfg.importance_reweighting_method == "clip"

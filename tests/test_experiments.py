@@ -12,11 +12,16 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from rlvr import experiments as ex
 from rlvr.cli import app
 from rlvr.config import ConfigError, TrainConfig
 from rlvr.plots import FIGURES, build_figures, lr_figure
 from rlvr.report import fmt_spread, sample_rollouts
+from rlvr.runs import (
+    differing_fields, group_runs, label_fields, load_groups, load_runs, metric_series, per_step_spread, spread,
+    summarize, write_summary,
+)
+from rlvr.sweep import LOCK, _prepare, expand_grid, load_sweep, plan_sweep, run_name, run_status
+from rlvr.tracking import read_jsonl
 
 # ----------------------------------------------------------------------------------------------------
 # Synthetic run directories: 2 algorithms x 3 seeds, validation at steps 0, 2, 4.
@@ -83,20 +88,20 @@ def half_width(values):
 
 
 def test_spread_is_mean_plus_minus_1_96_sample_std_over_root_n():
-    s = ex.spread([0.5, 0.6, 0.7])
+    s = spread([0.5, 0.6, 0.7])
     # mean 0.6; s^2 = (0.01 + 0 + 0.01) / (3 - 1) = 0.01, s = 0.1; half width = 1.96 * 0.1 / sqrt(3) = 0.113161
     assert s.mean == pytest.approx(0.6) and s.std == pytest.approx(0.1)
     assert s.half_width == pytest.approx(0.1131607, abs=1e-6)
     assert s.band("ci") == pytest.approx((0.6 - 0.1131607, 0.6 + 0.1131607), abs=1e-6)
     assert s.band("minmax") == (0.5, 0.7) and s.n == 3
-    one = ex.spread([0.4])  # a single run has no spread: no band, not a zero-width lie in the tables
+    one = spread([0.4])  # a single run has no spread: no band, not a zero-width lie in the tables
     assert math.isnan(one.std) and math.isnan(one.half_width) and one.band() == (0.4, 0.4)
     assert fmt_spread(one) == "0.400 (n=1)" and fmt_spread(s) == "0.600 ± 0.113"
 
 
 def test_per_step_spread_counts_only_the_runs_that_have_the_step():
     series = [{0: 0.1, 2: 0.2, 4: 0.2}, {0: 0.1, 2: 0.3, 4: 0.4}, {0: 0.1, 2: 0.3}]
-    stats = dict(ex.per_step_spread(series))
+    stats = dict(per_step_spread(series))
     assert list(stats) == [0, 2, 4]
     assert stats[0].mean == pytest.approx(0.1) and stats[0].half_width == pytest.approx(0.0)
     # step 2: (0.2 + 0.3 + 0.3) / 3 = 0.26667; s^2 = (0.0044444 + 0.0011111 + 0.0011111) / 2 = 0.0033333
@@ -110,14 +115,14 @@ def test_per_step_spread_counts_only_the_runs_that_have_the_step():
 def test_metric_series_skips_missing_and_non_finite_values():
     rows = [{"step": 0, "val/accuracy": 0.5}, {"step": 1, "train/loss": 2.0}, {"step": 2, "val/accuracy": None},
             {"step": 3, "val/accuracy": float("nan")}, {"step": 4, "val/accuracy": 1}]
-    assert ex.metric_series(rows, "val/accuracy") == {0: 0.5, 4: 1.0}
+    assert metric_series(rows, "val/accuracy") == {0: 0.5, 4: 1.0}
 
 
 def test_runs_are_grouped_by_the_fields_that_differ_except_seed(sweep_root):
-    runs = ex.load_runs([sweep_root])
+    runs = load_runs([sweep_root])
     assert len(runs) == 6
     assert {r.name for r in runs} == {f"algorithm={a},seed={s}" for a, s in VAL}
-    groups = ex.group_runs(runs)
+    groups = group_runs(runs)
     assert [g.label for g in groups] == ["algorithm=dr_grpo", "algorithm=grpo"]
     assert [[r.config["seed"] for r in g.runs] for g in groups] == [[0, 1, 2], [0, 1, 2]]
     # the preset's choices differ too and stay in the key, but `algorithm` alone names the group
@@ -128,14 +133,14 @@ def test_runs_are_grouped_by_the_fields_that_differ_except_seed(sweep_root):
     # two fields that vary independently both name the groups
     configs = [{"learning_rate": lr, "prompt": p, "seed": s, "out": f"{lr}{p}{s}"}
                for lr in (1e-5, 3e-5) for p in ("a", "b") for s in (0, 1)]
-    assert ex.differing_fields(configs) == ["learning_rate", "prompt"]
-    assert ex.label_fields(configs, ["learning_rate", "prompt"]) == ["learning_rate", "prompt"]
+    assert differing_fields(configs) == ["learning_rate", "prompt"]
+    assert label_fields(configs, ["learning_rate", "prompt"]) == ["learning_rate", "prompt"]
     # a field that older runs lack (added to TrainConfig later) does not split them from newer ones by itself
-    assert ex.differing_fields([{"a": 1, "b": True, "seed": 0}, {"a": 1, "seed": 1}, {"a": 2, "b": True}]) == ["a"]
+    assert differing_fields([{"a": 1, "b": True, "seed": 0}, {"a": 1, "seed": 1}, {"a": 2, "b": True}]) == ["a"]
 
 
 def test_summary_final_and_best_per_run_and_group_mean_and_interval(sweep_root, tmp_path):
-    summary = ex.summarize(ex.load_groups([sweep_root]))
+    summary = summarize(load_groups([sweep_root]))
     by_run = {r.run: r for r in summary.runs}
     r = by_run["algorithm=grpo,seed=2"]
     assert (r.final_val_accuracy, r.final_val_step, r.best_val_accuracy, r.best_val_step) == (0.7, 4, 0.8, 2)
@@ -157,7 +162,7 @@ def test_summary_final_and_best_per_run_and_group_mean_and_interval(sweep_root, 
     assert dr.stats["final_val_accuracy"].half_width == pytest.approx(0.1131607, abs=1e-6)
     assert (dr.n_runs, dr.n_finished, dr.seeds) == (3, 2, [0, 1, 2])
 
-    csv_path, json_path = ex.write_summary(summary, tmp_path / "out" / "summary.csv")
+    csv_path, json_path = write_summary(summary, tmp_path / "out" / "summary.csv")
     assert json_path == tmp_path / "out" / "summary.json"
     rows = list(csv.DictReader(csv_path.open()))
     assert [r["kind"] for r in rows] == ["run"] * 6 + ["group"] * 2
@@ -197,7 +202,7 @@ def test_plot_command_writes_png_and_svg_for_the_metrics_present(sweep_root, tmp
 
 
 def test_figure_draws_group_means_and_bands(sweep_root):
-    groups = ex.load_groups([sweep_root])
+    groups = load_groups([sweep_root])
     fig = build_figures(groups, "minmax")["val_reward"]
     ax = fig.axes[0]  # val/accuracy: per group 3 faint runs, then the mean line
     dr_mean = [line for line in ax.lines if line.get_label().startswith("algorithm=dr_grpo")][0]
@@ -212,14 +217,14 @@ def test_final_accuracy_against_learning_rate(tmp_path):
     for lr, values in finals.items():
         for seed, final in enumerate(values):
             write_run(tmp_path / f"lr={lr},seed={seed}", seed=seed, val=(0.1, final), learning_rate=lr)
-    groups = ex.load_groups([tmp_path])
+    groups = load_groups([tmp_path])
     assert [g.label for g in groups] == ["learning_rate=1e-05", "learning_rate=0.0001"]
     fig = lr_figure(groups)
     ax = fig.axes[0]
     assert ax.get_xscale() == "log"
     assert list(ax.lines[0].get_xdata()) == [1e-5, 1e-4]
     assert list(ax.lines[0].get_ydata()) == pytest.approx([0.3, 0.6])
-    assert lr_figure(ex.load_groups([tmp_path / "lr=1e-05,seed=0"])) is None
+    assert lr_figure(load_groups([tmp_path / "lr=1e-05,seed=0"])) is None
     out = tmp_path / "plots"
     assert CliRunner().invoke(app, ["plot", str(tmp_path), "--out", str(out)]).exit_code == 0
     assert (out / "final_val_accuracy_vs_lr.png").is_file() and (out / "final_val_accuracy_vs_lr.svg").is_file()
@@ -284,17 +289,17 @@ def write_sweep(path, grid, base=None, **top):
 
 
 def test_grid_expands_into_run_configs_and_directory_names(tmp_path):
-    assert ex.expand_grid({"a": [1, 2], "b": ["x"]}) == [{"a": 1, "b": "x"}, {"a": 2, "b": "x"}]
+    assert expand_grid({"a": [1, 2], "b": ["x"]}) == [{"a": 1, "b": "x"}, {"a": 2, "b": "x"}]
     grid = {"learning_rate": [1e-5, 3e-5], "prompt": ["r1_zero"], "seed": [0, 1]}
-    assert ex.run_name({"learning_rate": 3e-5, "prompt": "r1_zero", "seed": 1}, grid) == "learning_rate=3e-05,seed=1"
-    assert ex.run_name({"dataset": "arithmetic:steps=1,max=9"}, {"dataset": ["x"]}) == "dataset=arithmetic_steps_1_max_9"
-    assert ex.run_name({}, {}) == "run"
+    assert run_name({"learning_rate": 3e-5, "prompt": "r1_zero", "seed": 1}, grid) == "learning_rate=3e-05,seed=1"
+    assert run_name({"dataset": "arithmetic:steps=1,max=9"}, {"dataset": ["x"]}) == "dataset=arithmetic_steps_1_max_9"
+    assert run_name({}, {}) == "run"
     (tmp_path / "base.yaml").write_text(yaml.safe_dump({**BASE, "steps": 7, "learning_rate": 0.5}))
     sweep_file = write_sweep(tmp_path / "sweeps" / "lr.yaml", grid, base={"config": "../base.yaml", "group_size": 4},
                              out=str(tmp_path / "runs"))
-    sweep = ex.load_sweep(sweep_file, ["steps=3", "parallel=2"])
+    sweep = load_sweep(sweep_file, ["steps=3", "parallel=2"])
     assert (sweep.name, sweep.parallel, sweep.base_path) == ("lr", 2, tmp_path / "sweeps" / "../base.yaml")
-    plan = ex.plan_sweep(sweep)
+    plan = plan_sweep(sweep)
     assert [r.name for r in plan] == ["learning_rate=1e-05,seed=0", "learning_rate=1e-05,seed=1",
                                       "learning_rate=3e-05,seed=0", "learning_rate=3e-05,seed=1"]
     assert [(r.config.learning_rate, r.config.seed) for r in plan] == [(1e-5, 0), (1e-5, 1), (3e-5, 0), (3e-5, 1)]
@@ -309,34 +314,34 @@ def test_sweep_checks_a_jsonl_dataset_with_its_own_field_names(tmp_path):
     data = tmp_path / "qa.jsonl"
     data.write_text("".join(f'{{"q": "question {i}?", "a": {i}}}\n' for i in range(20)))
     base = {**BASE, "dataset": str(data), "question_field": "q", "answer_field": "a"}
-    plan = ex.plan_sweep(ex.load_sweep(write_sweep(tmp_path / "qa.yaml", {"seed": [0, 1]}, base=base)))
+    plan = plan_sweep(load_sweep(write_sweep(tmp_path / "qa.yaml", {"seed": [0, 1]}, base=base)))
     assert [r.status for r in plan] == ["new", "new"]
     wrong = {**base, "question_field": "question"}
     with pytest.raises(ConfigError, match="field 'dataset'.*question"):
-        ex.plan_sweep(ex.load_sweep(write_sweep(tmp_path / "wrong.yaml", {"seed": [0]}, base=wrong)))
+        plan_sweep(load_sweep(write_sweep(tmp_path / "wrong.yaml", {"seed": [0]}, base=wrong)))
 
 
 def test_sweep_validation_names_the_file_and_the_field(tmp_path):
     bad_key = write_sweep(tmp_path / "a.yaml", {"lerning_rate": [1e-5]})
     with pytest.raises(ConfigError, match=r"a\.yaml: grid: unknown field\(s\) 'lerning_rate'"):
-        ex.load_sweep(bad_key)
+        load_sweep(bad_key)
     bad_value = write_sweep(tmp_path / "b.yaml", {"learning_rate": [1e-5, -1.0]})
     with pytest.raises(ConfigError, match=r"b\.yaml: run learning_rate=-1: .*field 'learning_rate'"):
-        ex.plan_sweep(ex.load_sweep(bad_value))
+        plan_sweep(load_sweep(bad_value))
     bad_prompt = write_sweep(tmp_path / "c.yaml", {"prompt": ["r1_zero", "r1_zro"]})
     with pytest.raises(ConfigError, match=r"c\.yaml: run prompt=r1_zro: field 'prompt': unknown prompt"):
-        ex.plan_sweep(ex.load_sweep(bad_prompt))
+        plan_sweep(load_sweep(bad_prompt))
     bad_base = write_sweep(tmp_path / "d.yaml", {"seed": [0]}, base={**BASE, "stepz": 3})
     with pytest.raises(ConfigError, match=r"d\.yaml: base: unknown field\(s\) 'stepz'"):
-        ex.load_sweep(bad_base)
+        load_sweep(bad_base)
     missing = write_sweep(tmp_path / "e.yaml", {"seed": [0]}, base="configs/nope.yaml")
     with pytest.raises(ConfigError, match=r"e\.yaml: base config 'configs/nope.yaml' not found"):
-        ex.load_sweep(missing)
+        load_sweep(missing)
     ok = write_sweep(tmp_path / "f.yaml", {"seed": [0, 1]})
     with pytest.raises(ConfigError, match="'seed' is swept by"):
-        ex.load_sweep(ok, ["seed=3"])
+        load_sweep(ok, ["seed=3"])
     with pytest.raises(ConfigError, match="unknown field"):
-        ex.load_sweep(ok, ["paralel=2"])
+        load_sweep(ok, ["paralel=2"])
     result = CliRunner().invoke(app, ["sweep", "--config", str(bad_value), "dry_run=true"])
     assert result.exit_code == 2 and "b.yaml" in result.output and "learning_rate" in result.output
 
@@ -357,14 +362,14 @@ def test_shipped_sweep_files_expand_into_valid_runs(name, tmp_path, monkeypatch)
         raw["base"].pop("config")
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(raw))
-    plan = ex.plan_sweep(ex.load_sweep(path, [f"out={tmp_path / 'runs'}"]))
+    plan = plan_sweep(load_sweep(path, [f"out={tmp_path / 'runs'}"]))
     assert len(plan) == SHIPPED[name] and {r.status for r in plan} == {"new"}
     assert sorted({r.config.seed for r in plan}) == sorted(raw["grid"]["seed"]) and len(raw["grid"]["seed"]) >= 2
 
 
 def test_dry_run_reports_new_resume_restart_done_and_refuses_a_changed_run(tmp_path):
     sweep_file = write_sweep(tmp_path / "s.yaml", {"seed": [0, 1, 2, 3, 4]}, out=str(tmp_path / "runs"))
-    plan = ex.plan_sweep(ex.load_sweep(sweep_file))
+    plan = plan_sweep(load_sweep(sweep_file))
     done, resume, restart, new, running = plan
     for run in (done, resume, restart, running):
         run.path.mkdir(parents=True)
@@ -376,14 +381,14 @@ def test_dry_run_reports_new_resume_restart_done_and_refuses_a_changed_run(tmp_p
     (resume.path / "checkpoints" / "step_000001" / "trainer_state.pt").write_bytes(b"x")
     (resume.path / "checkpoints" / "latest").write_text("step_000001")
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)  # rlvr train"])
-    (running.path / ex.LOCK).write_text(json.dumps({"pid": other.pid}))  # another sweep's live child
+    (running.path / LOCK).write_text(json.dumps({"pid": other.pid}))  # another sweep's live child
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     try:
         result = CliRunner().invoke(app, ["sweep", "--config", str(sweep_file), "dry_run=true"])
         new.path.mkdir()
-        (new.path / ex.LOCK).write_text(json.dumps({"pid": gone.pid}))  # a lock left by a killed sweep
-        assert ex.run_status(new.path, new.config) == ("new", "")
+        (new.path / LOCK).write_text(json.dumps({"pid": gone.pid}))  # a lock left by a killed sweep
+        assert run_status(new.path, new.config) == ("new", "")
     finally:
         other.kill()
         other.wait()
@@ -395,13 +400,13 @@ def test_dry_run_reports_new_resume_restart_done_and_refuses_a_changed_run(tmp_p
     assert "1 done, 1 resume, 1 restart, 1 new, 1 running" in result.output
     assert not (new.path / "run.yaml").exists()  # a dry run writes nothing
     # what the runner does before launching `rlvr train --config <run>/run.yaml`
-    by_name = {r.name: r for r in ex.plan_sweep(ex.load_sweep(sweep_file))}
-    launch = ex._prepare(by_name[resume.name])
+    by_name = {r.name: r for r in plan_sweep(load_sweep(sweep_file))}
+    launch = _prepare(by_name[resume.name])
     assert yaml.safe_load(launch.read_text())["resume"] is True and (resume.path / "metrics.jsonl").is_file()
-    launch = ex._prepare(by_name[restart.name])  # no checkpoint: the logs are kept aside, the run starts over
+    launch = _prepare(by_name[restart.name])  # no checkpoint: the logs are kept aside, the run starts over
     assert yaml.safe_load(launch.read_text())["resume"] is False and not (restart.path / "metrics.jsonl").exists()
     assert len(list(restart.path.glob("metrics.jsonl.interrupted-*"))) == 1
-    assert ex.run_status(restart.path, restart.config) == ("new", "")
+    assert run_status(restart.path, restart.config) == ("new", "")
     # a finished run of another config is not silently taken for this one
     done.config.model_copy(update={"learning_rate": 3e-5}).save(done.path / "config.yaml")
     result = CliRunner().invoke(app, ["sweep", "--config", str(sweep_file), "dry_run=true"])
@@ -416,7 +421,7 @@ def test_a_failed_run_is_reported_and_the_sweep_goes_on(tmp_path):
     result = CliRunner().invoke(app, ["sweep", "--config", str(sweep_file)])
     assert result.exit_code == 1
     assert result.output.count("FAILED") == 2 and "0 ran, 0 skipped, 2 failed" in result.output
-    assert not list((tmp_path / "runs").rglob(ex.LOCK))
+    assert not list((tmp_path / "runs").rglob(LOCK))
 
 
 def test_sweep_runs_two_seeds_end_to_end_then_skips_them(tmp_path, model_dir):
@@ -428,7 +433,7 @@ def test_sweep_runs_two_seeds_end_to_end_then_skips_them(tmp_path, model_dir):
     for seed in (0, 1):
         run = out / f"seed={seed}"
         assert (run / "final" / "DONE").is_file(), (run / "train.log").read_text()[-3000:]
-        assert [r["step"] for r in ex.read_jsonl(run / "metrics.jsonl")] == [0, 1, 2]
+        assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [0, 1, 2]
         assert yaml.safe_load((run / "config.yaml").read_text())["seed"] == seed
         assert not (run / "checkpoints").exists()  # pruned once final/ holds the model
     assert "2 ran, 0 skipped, 0 failed" in result.output

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from rlvr.estimators import aggregate_loss_across_microbatch, compute_group_normalized_rewards, compute_policy_gradient_loss
-from rlvr.grpo import NonFiniteLoss, grpo_train_step, policy_gradient_update
+from conftest import run_update
+from rlvr.update import NonFiniteLoss, grpo_train_step
 from rlvr.policy import tokenize_prompt_and_output
 from rlvr.rewards import r1_zero_reward_fn
 
@@ -56,11 +57,11 @@ def _old_log_probs(model, tokenizer, seed=0):
 
 
 @pytest.mark.parametrize("normalization", ["sequence", "constant", "token"])
-@pytest.mark.parametrize("method", ["none", "noclip", "grpo", "gspo", "cispo"])
+@pytest.mark.parametrize("method", ["none", "noclip", "clip", "gspo", "cispo"])
 def test_update_equals_whole_batch_gradient(tiny_model, tokenizer, normalization, method):
     constant = 500.0 if normalization == "constant" else None
     old = None if method == "none" else _old_log_probs(tiny_model, tokenizer)
-    cliprange = {"grpo": 0.2, "gspo": 0.05, "cispo": 0.2}.get(method)
+    cliprange = {"clip": 0.2, "gspo": 0.05, "cispo": 0.2}.get(method)
     ref_loss, ref_grads, adv = _reference_gradient(tiny_model, tokenizer, method, old, cliprange, normalization,
                                                    constant, "std")
     before = {n: p.detach().clone() for n, p in tiny_model.named_parameters()}
@@ -75,7 +76,7 @@ def test_update_equals_whole_batch_gradient(tiny_model, tokenizer, normalization
         torch.testing.assert_close(before[name] - p.detach(), ref_grads[name], rtol=1e-4, atol=1e-6)
         assert p.grad is None  # cleared after the step
     assert meta["train_reward"] == pytest.approx(3 / 9) and meta["train_format_reward"] == pytest.approx(6 / 9)
-    if method in ("grpo", "gspo", "cispo"):
+    if method in ("clip", "gspo", "cispo"):
         assert 0.0 <= meta["clip_fraction"] <= 1.0
 
 
@@ -126,8 +127,7 @@ def test_old_log_probs_shape_and_nonfinite_loss(tiny_model, tokenizer):
         tiny_model.get_input_embeddings().weight[5] = float("nan")
     before = {n: p.detach().clone() for n, p in tiny_model.named_parameters()}
     with pytest.raises(NonFiniteLoss, match="step skipped"):
-        policy_gradient_update(tiny_model, _sgd(tiny_model), batch["input_ids"], batch["labels"],
-                               batch["response_mask"], torch.ones(9), 1, 1.0)
+        run_update(tiny_model, _sgd(tiny_model), batch, torch.ones(9), 1, 1.0)
     for n, p in tiny_model.named_parameters():
         assert p.grad is None and torch.equal(p.detach().nan_to_num(), before[n].nan_to_num())
 
@@ -137,11 +137,9 @@ def test_kl_term_and_on_policy_ratio(tiny_model, tokenizer):
     adv = torch.zeros(9)
     reference = _old_log_probs(tiny_model, tokenizer, seed=1)
     # with zero advantages only the KL term pushes; pruning must not drop those rows
-    _, meta = policy_gradient_update(tiny_model, _sgd(tiny_model), batch["input_ids"], batch["labels"],
-                                     batch["response_mask"], adv, 2, None, beta=0.1, reference_log_probs=reference)
+    _, meta = run_update(tiny_model, _sgd(tiny_model), batch, adv, 2, None, beta=0.1, reference_log_probs=reference)
     assert meta["trained_rollouts"] == 9 and meta["kl"] > 0 and meta["grad_norm"] > 0
     # on_policy_ratio: the first update on fresh rollouts has ratio exactly 1, so clipping never binds
-    _, meta = policy_gradient_update(tiny_model, _sgd(tiny_model), batch["input_ids"], batch["labels"],
-                                     batch["response_mask"], torch.linspace(-1, 1, 9), 3, None,
-                                     importance_reweighting_method="grpo", cliprange=0.2, on_policy_ratio=True)
+    _, meta = run_update(tiny_model, _sgd(tiny_model), batch, torch.linspace(-1, 1, 9), 3, None,
+                                     importance_reweighting_method="clip", cliprange=0.2, on_policy_ratio=True)
     assert meta["clip_fraction"] == 0.0 and meta["ratio_min"] == meta["ratio_max"] == 1.0

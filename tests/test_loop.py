@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from rlvr import train as train_module
-from rlvr.estimators import PRESETS
-from rlvr.grpo import policy_gradient_update
+from rlvr import rl as train_module
+from rlvr.algorithms import PRESETS
 from rlvr.policy import tokenize_prompt_and_output
 
+from conftest import run_update
 from test_train import _cfg, _parity  # noqa: F401 (_parity: the autouse reward with signal in every group)
 
 
@@ -33,7 +33,7 @@ def test_every_preset_reaches_the_advantages_and_the_update(tmp_path, model_dir,
     if preset.mask_truncated_completions:
         extra["mask_truncated_completions"] = False  # the random model's rollouts are all truncated
     advantage_calls, update_calls = [], []
-    _spy(monkeypatch, "compute_group_normalized_rewards", advantage_calls)
+    _spy(monkeypatch, "compute_advantages", advantage_calls)
     _spy(monkeypatch, "policy_gradient_update", update_calls)
     cfg = _cfg(model_dir, tmp_path / algorithm, algorithm=algorithm, steps=2, eval_every=0, eval_at_start=False,
                eval_at_end=False, **extra)
@@ -44,20 +44,23 @@ def test_every_preset_reaches_the_advantages_and_the_update(tmp_path, model_dir,
 
     assert len(advantage_calls) == 2
     for args, kwargs in advantage_calls:
-        _, group_size, baseline, eps, normalizer = args
-        assert (group_size, baseline, normalizer, eps) == (cfg.group_size, preset.baseline,
-                                                           preset.advantage_normalizer, cfg.advantage_eps)
+        _, group_size, spec = args
+        assert (group_size, spec.advantage, spec.baseline, spec.advantage_normalizer, spec.advantage_eps) == (
+            cfg.group_size, "group", preset.baseline, preset.advantage_normalizer, 1e-6)
     assert len(update_calls) == 2 * preset.steps_per_rollout
     for i, (args, kwargs) in enumerate(update_calls):
-        assert kwargs["importance_reweighting_method"] == preset.importance_reweighting_method
-        assert kwargs["cliprange"] == preset.cliprange and kwargs["cliprange_high"] == preset.cliprange_high
-        assert kwargs["loss_normalization"] == preset.loss_normalization
-        assert kwargs["beta"] == preset.beta and kwargs["kl_estimator"] == preset.kl_estimator
+        _, _, batch, spec, accumulation, max_grad_norm = args
+        for name in ("importance_reweighting_method", "cliprange", "cliprange_high", "loss_normalization", "beta",
+                     "kl_estimator", "steps_per_rollout", "reward_signal"):
+            assert getattr(spec, name) == getattr(preset, name), name
+        assert spec.mask_truncated_completions == extra.get("mask_truncated_completions",
+                                                            preset.mask_truncated_completions)
         assert kwargs["on_policy_ratio"] == (preset.importance_reweighting_method != "none"
                                              and i % preset.steps_per_rollout == 0)
-        assert args[2].shape[0] == cfg.rollout_batch_size // preset.steps_per_rollout  # the train batch's rows
+        assert len(batch) == cfg.rollout_batch_size // preset.steps_per_rollout  # the train batch's rows
+        assert accumulation == -(-len(batch) // cfg.microbatch_size) and max_grad_norm == cfg.max_grad_norm
         if preset.loss_normalization == "constant":
-            assert kwargs["normalization_constant"] == cfg.train_batch_size * cfg.max_new_tokens
+            assert spec.normalization_constant == cfg.train_batch_size * cfg.max_new_tokens
     trained = load_model(str(tmp_path / algorithm / "final"))[0]
     moved = max(float((p.detach() - start[n]).abs().max()) for n, p in trained.named_parameters())
     assert moved > 1e-5
@@ -86,9 +89,8 @@ def test_the_kl_term_alone_pulls_the_policy_toward_the_reference(tiny_model, tok
         ref_lp = ref_lp.gather(-1, batch["labels"].unsqueeze(-1)).squeeze(-1)
     before = _exact_kl(tiny_model, reference, batch)
     for _ in range(5):
-        policy_gradient_update(tiny_model, torch.optim.SGD(tiny_model.parameters(), lr=0.2), batch["input_ids"],
-                               batch["labels"], batch["response_mask"], torch.zeros(4), 2, None, beta=1.0,
-                               reference_log_probs=ref_lp, kl_estimator=estimator)
+        run_update(tiny_model, torch.optim.SGD(tiny_model.parameters(), lr=0.2), batch, torch.zeros(4), 2, None,
+                   beta=1.0, reference_log_probs=ref_lp, kl_estimator=estimator)
     after = _exact_kl(tiny_model, reference, batch)
     assert before > 0.05 and after < 0.9 * before  # flipping the sign of the KL term raises it instead
 

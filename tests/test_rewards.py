@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from rlvr import rewards as R
+from rlvr.grading import normalize
+from rlvr.grading import pool as grading_pool
 from rlvr.rewards import (
     REWARD_FNS,
     answer_tag_reward_fn,
@@ -307,7 +309,7 @@ FAST_PATH = [
 
 @pytest.mark.parametrize("answer, ground_truth, expected", FAST_PATH)
 def test_fast_path_decides_plain_numbers_exactly(answer, ground_truth, expected):
-    assert R._fast_grade(answer, ground_truth) is expected
+    assert normalize._fast_grade(answer, ground_truth) is expected
 
 
 def test_fast_path_never_calls_the_pool():
@@ -321,9 +323,9 @@ def test_huge_digit_strings_never_raise():
     # Python refuses int() of more than 4,300 digits; the fast path must not get that far.
     assert grade_answer("9" * 5000, "9" * 5000) is False  # too long to grade at all
     assert grading_stats()["too_long"] == 1
-    assert R._plain_number("9" * 5000) is None
-    assert R._plain_number("1" * 101) is None
-    assert R._plain_number("1" * 100) == (int("1" * 100), None)
+    assert normalize._plain_number("9" * 5000) is None
+    assert normalize._plain_number("1" * 101) is None
+    assert normalize._plain_number("1" * 100) == (int("1" * 100), None)
 
 
 @pytest.mark.parametrize(
@@ -424,16 +426,16 @@ class _RecordingPool:
 def test_slow_gradings_of_a_batch_run_concurrently(monkeypatch):
     configure_grading(timeout=1.0, max_workers=2)
     assert grade_answer("\\sqrt{4}", "2") is True
-    recorder = _RecordingPool(R._get_pool())
-    monkeypatch.setattr(R, "_get_pool", lambda: recorder)
-    real_wait = R.concurrent.futures.wait
+    recorder = _RecordingPool(grading_pool._get_pool())
+    monkeypatch.setattr(grading_pool, "_get_pool", lambda: recorder)
+    real_wait = grading_pool.concurrent.futures.wait
 
     def wait(futures, *args, **kwargs):
         if recorder.scheduled_at_first_wait is None:
             recorder.scheduled_at_first_wait = len(recorder.scheduled)
         return real_wait(futures, *args, **kwargs)
 
-    monkeypatch.setattr(R.concurrent.futures, "wait", wait)
+    monkeypatch.setattr(grading_pool.concurrent.futures, "wait", wait)
     pathological = [r1("9^{9^{9^{9}}}"), r1("\\frac{9^{9^{9^{9}}}}{1}")]
     start = time.perf_counter()
     scores, meta = score_batch(r1_zero_reward_fn, pathological, ["72", "72"])
@@ -547,6 +549,18 @@ def test_the_graders_leave_the_users_own_multiprocessing_alone(tmp_path):
 def test_importing_rewards_does_not_import_torch():
     code = "import sys, rlvr.rewards; assert 'torch' not in sys.modules and 'sympy' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_importing_grading_imports_neither_rewards_nor_torch():
+    # Data flows one way (rewards imports grading), and the grading workers start without torch.
+    code = "import sys, rlvr.grading; assert not {'torch', 'sympy', 'rlvr.rewards'} & set(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_grading_workers_fork_server_preloads_the_module_of_their_functions():
+    preload = grading_pool._grader_server()._preload_modules
+    assert grading_pool._worker_init.__module__ == grading_pool._slow_grade.__module__ == "rlvr.grading.pool"
+    assert preload == ["rlvr.grading.pool", "math_verify"]
 
 
 # ---------------------------------------------------------------------------------------------------

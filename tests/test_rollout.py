@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from rlvr.rollout import HFEngine, SamplingParams, apply_repetition_penalty, sample_tokens, uniforms
+from rlvr.hf_engine import HFEngine, apply_repetition_penalty, sample_tokens, uniforms
+from rlvr.rollout import SamplingParams
 
 PROMPTS = ["Question: what is 2+3?\nAnswer:", "Hi", "A much longer prompt, so the batch needs left padding:"]
 

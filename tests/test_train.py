@@ -6,7 +6,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from rlvr import train as train_module
+from rlvr import rl as train_module
 from rlvr.cli import app
 from rlvr.config import TrainConfig, load_config
 from rlvr.estimators import PRESETS

@@ -15,7 +15,7 @@ _EXPORTS = {
     "answer_tag_reward_fn": "rlvr.rewards",
     "combine_rewards": "rlvr.rewards",
     "grade_answer": "rlvr.rewards",
-    "parse_gsm8k_answer": "rlvr.rewards",
+    "parse_gsm8k_answer": "rlvr.data",
     "compute_rollout_rewards": "rlvr.rewards",
     # estimators: pure tensor math of the GRPO family
     "compute_group_normalized_rewards": "rlvr.estimators",
@@ -25,14 +25,19 @@ _EXPORTS = {
     "masked_normalize": "rlvr.estimators",
     "compute_entropy": "rlvr.estimators",
     "kl_penalty": "rlvr.estimators",
-    "PRESETS": "rlvr.estimators",
-    "get_preset": "rlvr.estimators",
+    "PRESETS": "rlvr.algorithms",
+    "get_preset": "rlvr.algorithms",
     # policy: tokenisation, log-probs, the SFT microbatch step
     "tokenize_prompt_and_output": "rlvr.policy",
     "get_response_log_probs": "rlvr.policy",
     "sft_microbatch_train_step": "rlvr.policy",
     # training
-    "grpo_train_step": "rlvr.grpo",
+    "grpo_train_step": "rlvr.update",
+    "policy_gradient_update": "rlvr.update",
+    "EstimatorSpec": "rlvr.algorithms",
+    "register_advantage": "rlvr.algorithms",
+    "register_policy_loss": "rlvr.algorithms",
+    "register_estimator": "rlvr.algorithms",
 }
 
 __all__ = sorted(_EXPORTS)

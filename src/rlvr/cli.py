@@ -72,7 +72,7 @@ def sft_command(ctx: typer.Context, config: Path = ConfigOption):
 @app.command("train", context_settings=_EXTRA,
              help="RL training (GRPO and every preset of `rlvr algorithms`).\n\n" + fields_help(TrainConfig))
 def train_command(ctx: typer.Context, config: Path = ConfigOption):
-    _run(TrainConfig, config, ctx, "rlvr.train", "train_grpo")
+    _run(TrainConfig, config, ctx, "rlvr.rl", "train_grpo")
 
 
 @app.command("demo", context_settings=_EXTRA,
@@ -87,7 +87,7 @@ def algorithms_command():
     from rich.console import Console
     from rich.table import Table
 
-    from rlvr.estimators import PRESETS
+    from rlvr.algorithms import PRESETS
 
     table = Table(title="algorithms (presets of independent choices)")
     for col in ("name", "baseline", "normaliser", "weighting", "clip", "aggregation", "steps/rollout",
@@ -114,7 +114,7 @@ def _band(band: str) -> str:
 
 
 def _sweep_help() -> str:
-    from rlvr.experiments import SweepConfig
+    from rlvr.sweep import SweepConfig
 
     return ("A grid of `rlvr train` runs (seeds x config fields) from a sweep file; restartable.\n\n"
             "Runs one at a time or `parallel` at a time, each in <out>/<field=value,...>; finished runs are "
@@ -126,7 +126,7 @@ def _sweep_help() -> str:
 @app.command("sweep", context_settings=_EXTRA, help=_sweep_help())
 def sweep_command(ctx: typer.Context,
                   config: Path = typer.Option(..., "--config", "-c", help="sweep file (sweeps/*.yaml)")):
-    from rlvr.experiments import format_outcomes, format_plan, load_sweep, plan_sweep, run_sweep
+    from rlvr.sweep import format_outcomes, format_plan, load_sweep, plan_sweep, run_sweep
 
     try:
         sweep = load_sweep(config, ctx.args)
@@ -148,8 +148,8 @@ def sweep_command(ctx: typer.Context,
     typer.echo(format_outcomes(outcomes))
     logged = [r.path for r in plan if (r.path / "metrics.jsonl").is_file()]
     if sweep.report and logged:
-        from rlvr.experiments import load_groups, summarize, write_summary
         from rlvr.report import write_report
+        from rlvr.runs import load_groups, summarize, write_summary
 
         try:
             csv_path, _ = write_summary(summarize(load_groups(logged)), sweep.out / "summary.csv")
@@ -167,8 +167,8 @@ def plot_command(runs: list[Path] = RunDirs, out: Path = typer.Option(Path("plot
     """Figures (PNG and SVG) per metric with the spread across seeds, and final accuracy vs learning rate.
 
     Runs are grouped by configuration (seed aside): each group's mean, a 95% band (or min/max), single runs faint."""
-    from rlvr.experiments import load_groups
     from rlvr.plots import build_figures, save_figures
+    from rlvr.runs import load_groups
 
     try:
         groups = load_groups(runs)
@@ -200,8 +200,8 @@ def summary_command(runs: list[Path] = RunDirs, out: Path = typer.Option(Path("s
     from rich.console import Console
     from rich.table import Table
 
-    from rlvr.experiments import SUMMARY_METRICS, load_groups, summarize, write_summary
     from rlvr.report import fmt_spread
+    from rlvr.runs import SUMMARY_METRICS, load_groups, summarize, write_summary
 
     try:
         summary = summarize(load_groups(runs))

@@ -129,25 +129,21 @@ def fields_help(cls: type[BaseConfig]) -> str:
 Dtype = Literal["float32", "bfloat16", "float16"]
 
 
-class SamplingFields(BaseModel):
-    """Sampling settings shared by evaluation and training rollouts."""
+class DataFields(BaseConfig):
+    """What every command reads: the model, the dataset and how its splits are cut, the prompt."""
 
-    temperature: float = Field(1.0, ge=0, description="0 = greedy")
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int = Field(512, ge=1)
-    min_new_tokens: int = Field(0, ge=0)
-    repetition_penalty: float = Field(1.0, gt=0)
-
-
-class EvalConfig(BaseConfig):
-    model: str = Field("SmolLM2-135M-Instruct", description="hub name, saved directory, .gguf file, or the default")
-    prompt: str = Field("r1_zero", description="question_only | r1_zero | r1_zero_three_shot | chat")
+    model: str = Field("SmolLM2-135M-Instruct", description="hub name (cached), saved directory, .gguf, or the default")
     dataset: str = Field("gsm8k", description="gsm8k | arithmetic[:steps=N,max=M] | path.jsonl")
-    split: Literal["train", "validation", "test"] = "test"
+    prompt: str = Field("r1_zero", description="question_only | r1_zero | r1_zero_three_shot | chat")
     split_seed: int = Field(0, ge=0, description="seed of the train/validation split, kept apart from `seed` so "
                             "that every run of a sweep (and the SFT before it) holds out the same questions")
     question_field: str = Field("question", description="JSONL datasets: the question's field")
     answer_field: str = Field("answer", description="JSONL datasets: the answer's field (bare or '#### x')")
+    seed: int = 0
+
+
+class EvalConfig(DataFields):
+    split: Literal["train", "validation", "test"] = "test"
     limit: int | None = Field(None, ge=1, description="first N questions")
     samples: int = Field(1, ge=1, description="completions per question (pass@k for k <= samples)")
     temperature: float | None = Field(None, ge=0, description="default: 0 (greedy) for 1 sample, else 1.0")
@@ -156,7 +152,6 @@ class EvalConfig(BaseConfig):
     repetition_penalty: float = Field(1.0, gt=0)
     batch_size: int = Field(64, ge=1, description="rows decoded together")
     dtype: Dtype = Field("float32", description="generation dtype (bfloat16 is about 2x faster on this CPU)")
-    seed: int = 0
     out: str | None = Field(None, description="output directory (default runs/eval/<model>-<prompt>-<split>)")
     examples_per_category: int = Field(2, ge=0, description="example responses printed per category")
 
@@ -169,19 +164,11 @@ class EvalConfig(BaseConfig):
         return self
 
 
-class TrainingFields(BaseConfig):
+class TrainingFields(DataFields):
     """Fields shared by `rlvr sft` and `rlvr train`."""
 
-    model: str = Field("SmolLM2-135M-Instruct", description="hub name, saved directory, .gguf, or the default")
-    dataset: str = Field("gsm8k", description="gsm8k | arithmetic[:steps=N,max=M] | path.jsonl")
-    prompt: str = Field("r1_zero", description="prompt template")
     train_limit: int | None = Field(None, ge=1, description="use the first N training examples")
-    question_field: str = Field("question", description="JSONL datasets: the question's field")
-    answer_field: str = Field("answer", description="JSONL datasets: the answer's field (bare or '#### x')")
     out: str = Field("runs/run", description="run directory")
-    seed: int = 0
-    split_seed: int = Field(0, ge=0, description="seed of the train/validation split, kept apart from `seed` so "
-                            "that every run of a sweep (and the SFT before it) holds out the same questions")
     # optimisation
     learning_rate: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)
@@ -216,6 +203,22 @@ class TrainingFields(BaseConfig):
     resume: bool = Field(False, description="continue from the last checkpoint in `out`")
 
 
+def sampling_params(cfg: BaseConfig, *, stop: tuple[str, ...], seed: int, validation: bool = False):
+    """The one place a config becomes SamplingParams: `rlvr eval`'s settings, `rlvr train`'s rollouts (G
+    samples each, with their entropies for the whole batch's token entropy), or validation (`eval_*`)."""
+    from rlvr.rollout import SamplingParams
+
+    if validation:
+        return SamplingParams(temperature=cfg.eval_temperature, max_new_tokens=cfg.eval_max_new_tokens, stop=stop,
+                              seed=seed, n=cfg.eval_samples)
+    if isinstance(cfg, EvalConfig):
+        return SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                              repetition_penalty=cfg.repetition_penalty, stop=stop, n=cfg.samples, seed=seed)
+    return SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                          min_new_tokens=cfg.min_new_tokens, repetition_penalty=cfg.repetition_penalty, stop=stop,
+                          n=cfg.group_size, seed=seed, entropy=True)
+
+
 def _check_eval_sampling(cfg):
     if cfg.eval_samples > 1 and cfg.eval_temperature == 0:
         raise ValueError("eval_samples > 1 with eval_temperature 0 gives identical samples; set eval_temperature > 0")
@@ -244,7 +247,8 @@ class TrainConfig(TrainingFields):
     """`rlvr train`: the RL loop of seed 004 Algorithm 1 with any estimator of the preset table."""
 
     out: str = "runs/grpo"
-    algorithm: str = Field("grpo", description="preset: grpo, dr_grpo, rft, maxrl, offpolicy_clip, ... (rlvr algorithms)")
+    algorithm: str = Field("grpo", description="preset (rlvr algorithms: grpo, dr_grpo, rft, maxrl, offpolicy_clip, ...) "
+                           "or an EstimatorSpec by import path: my_module:SPEC or path/to/file.py:SPEC")
     steps: int = Field(20, ge=1, description="rollout batches (GRPO steps)")
     rollout_batch_size: int = Field(32, ge=1, description="rollouts per step = questions x group_size")
     group_size: int = Field(8, ge=1)
@@ -254,21 +258,23 @@ class TrainConfig(TrainingFields):
     max_new_tokens: int = Field(256, ge=1)
     min_new_tokens: int = Field(0, ge=0)
     repetition_penalty: float = Field(1.0, gt=0)
-    # the estimator: None takes the preset's value
-    baseline: Literal["mean", "none"] | None = None
-    advantage_normalizer: Literal["std", "mean", "none"] | None = None
-    advantage_eps: float = Field(1e-6, ge=0)
-    importance_reweighting_method: Literal["none", "noclip", "grpo", "gspo", "cispo"] | None = None
+    # the estimator (rlvr.algorithms.EstimatorSpec): None takes the algorithm's value; checked by the spec
+    baseline: str | None = Field(None, description="mean | none")
+    advantage_normalizer: str | None = Field(None, description="std | mean | none")
+    advantage: str | None = Field(None, description="advantage function: group (seed 004) or a registered one")
+    advantage_eps: float | None = Field(None, ge=0)
+    importance_reweighting_method: str | None = Field(
+        None, description="none | noclip | clip | gspo | cispo, or a registered policy loss ('grpo': old name of clip)")
     cliprange: float | None = Field(None, ge=0)
     cliprange_high: float | None = Field(None, ge=0)
-    loss_normalization: Literal["sequence", "sum", "constant", "token"] | None = None
+    loss_normalization: str | None = Field(None, description="sequence | sum | constant | token")
     normalization_constant: float | None = Field(None, gt=0, description="constant aggregation's Z (default train batch x max_new_tokens)")
     beta: float | None = Field(None, ge=0, description="KL penalty weight (needs a reference model)")
-    kl_estimator: Literal["k1", "k2", "k3"] | None = None
+    kl_estimator: str | None = Field(None, description="k1 | k2 | k3 (k2: the only one whose gradient is the KL's)")
     steps_per_rollout: int | None = Field(None, ge=1, description="optimizer steps per rollout batch (> 1: off-policy)")
     mask_truncated_completions: bool | None = None
-    reward_signal: Literal["reward", "correctness"] | None = Field(
-        None, description="what advantages are computed from: the (shaped) reward, or 0/1 correctness (rft, maxrl)")
+    reward_signal: str | None = Field(
+        None, description="reward | correctness: what advantages are computed from (rft, maxrl: correctness)")
     # rewards: {name: weight}; names are reward functions (r1_zero, question_only, answer_tag) or "format"
     rewards: dict[str, float] | None = Field(None, description="weighted rewards, e.g. {r1_zero: 1.0, format: 0.2}")
     # logging
@@ -277,16 +283,13 @@ class TrainConfig(TrainingFields):
 
     @model_validator(mode="after")
     def _resolve_preset(self):
-        from rlvr.estimators import Preset, get_preset
+        from rlvr.algorithms import CHOICES, get_preset
 
         _check_eval_sampling(self)
-        # the preset's row with this config's overrides, validated as one estimator
-        preset = get_preset(self.algorithm)
-        choices = [f.name for f in dataclasses.fields(Preset) if f.name != "summary"]
-        spec = dataclasses.replace(preset, **{name: getattr(self, name) for name in choices
-                                              if getattr(self, name) is not None})
-        spec.validate()
-        for name in choices:
+        # the algorithm's row with this config's overrides, validated once as one estimator
+        overrides = {name: getattr(self, name) for name in CHOICES if getattr(self, name) is not None}
+        spec = dataclasses.replace(get_preset(self.algorithm), **overrides).validate()
+        for name in CHOICES:
             object.__setattr__(self, name, getattr(spec, name))
         if self.rollout_batch_size % self.group_size:
             raise ValueError(f"rollout_batch_size={self.rollout_batch_size} is not a whole number of groups of "
@@ -312,6 +315,13 @@ class TrainConfig(TrainingFields):
     @property
     def train_batch_size(self) -> int:
         return self.rollout_batch_size // (self.steps_per_rollout or 1)
+
+    @property
+    def estimator(self):
+        """The resolved EstimatorSpec, what the update step receives."""
+        from rlvr.algorithms import CHOICES, get_preset
+
+        return dataclasses.replace(get_preset(self.algorithm), **{name: getattr(self, name) for name in CHOICES})
 
 
 class DemoConfig(BaseConfig):

@@ -20,8 +20,6 @@ import re
 from importlib import resources
 from pathlib import Path
 
-from rlvr.rewards import parse_gsm8k_answer
-
 SPLITS = ("train", "validation", "test")
 GSM8K_VALIDATION_SIZE = 500
 # Indices in GSM8K train.jsonl of the three worked examples used by the r1_zero_three_shot prompt.
@@ -40,6 +38,62 @@ class Example:
 
 class DataError(ValueError):
     """Bad input data; the message names the file and line."""
+
+
+def parse_gsm8k_answer(solution: str) -> str:
+    """The final answer of a GSM8K solution: the text after the last "####", without thousands commas.
+
+    >>> parse_gsm8k_answer("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\\n#### 1,234")
+    '1234'
+    """
+    text = str(solution)
+    if "####" not in text:
+        raise ValueError(f"GSM8K solution has no '####' final-answer line: ...{text[-120:]!r}")
+    answer = text.rsplit("####", 1)[1].strip().replace(",", "")
+    if not answer:
+        raise ValueError(f"GSM8K solution has nothing after its '####': ...{text[-120:]!r}")
+    return answer
+
+
+class DataOrder:
+    """A seeded order over n examples, epoch after epoch, that a checkpoint resumes exactly.
+
+    Each epoch is its own permutation, keyed by (key, epoch), so the order after a resume is the order the
+    uninterrupted run would have taken; `state()` is what a checkpoint stores.
+
+    >>> order = DataOrder(3, "demo"); a = order.take(4); resumed = DataOrder(3, "demo", **order.state())
+    >>> order.take(2) == resumed.take(2)
+    True
+    """
+
+    def __init__(self, n: int, key: str, epoch: int = 0, position: int = 0):
+        if n < 1:
+            raise ValueError("DataOrder needs at least one example")
+        self.n, self.key, self.epoch, self.position = n, key, epoch, position
+        self._order = self._permutation(epoch)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        order = list(range(self.n))
+        random.Random(f"{self.key}-{epoch}").shuffle(order)
+        return order
+
+    def take(self, k: int) -> list[int]:
+        """The next k example indices, crossing into the next epoch when this one runs out."""
+        out = []
+        while len(out) < k:
+            if self.position >= self.n:
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._permutation(self.epoch)
+            out.append(self._order[self.position])
+            self.position += 1
+        return out
+
+    @property
+    def epochs_done(self) -> float:
+        return self.epoch + self.position / self.n
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
 
 
 # ----------------------------------------------------------------------------------------------------

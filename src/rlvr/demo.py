@@ -36,7 +36,7 @@ def _eval(cfg: DemoConfig, model: str, out: Path) -> dict:
 
 def run_demo(cfg: DemoConfig) -> list[dict]:
     from rlvr.sft import train_sft
-    from rlvr.train import train_grpo
+    from rlvr.rl import train_grpo
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

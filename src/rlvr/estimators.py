@@ -9,7 +9,7 @@ Every function takes tensors and plain scalars and returns tensors: no config ob
 
 A named algorithm (GRPO, Dr. GRPO, RFT, MaxRL, GSPO, ...) is a combination of independent choices --
 baseline, advantage normaliser, importance weighting, clip range(s), loss aggregation, KL weight -- kept in
-one table, `PRESETS`, at the bottom of this module.
+one table, `rlvr.algorithms.PRESETS`, with the registry that users extend.
 
 Input checks (shapes, options, NaN/inf) run by default; set `CHECK_INPUTS = False` to skip the NaN/inf
 scans, which synchronise with the device, in a tuned GPU run.
@@ -17,24 +17,27 @@ scans, which synchronise with the device, in a tuned GPU run.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Literal
+import warnings
+from typing import Literal, get_args
 
 import torch
 
+# Each set of choices is written once, as a Literal; the tuples of names are read off it.
 Baseline = Literal["mean", "none"]
 AdvantageNormalizer = Literal["std", "mean", "none"]
-ImportanceMethod = Literal["none", "noclip", "grpo", "gspo", "cispo"]
+ImportanceMethod = Literal["none", "noclip", "clip", "gspo", "cispo"]
 LossNormalization = Literal["sequence", "sum", "constant", "token"]
 KLEstimator = Literal["k1", "k2", "k3"]
 RewardSignal = Literal["reward", "correctness"]
 
-BASELINES = ("mean", "none")
-ADVANTAGE_NORMALIZERS = ("std", "mean", "none")
-IMPORTANCE_METHODS = ("none", "noclip", "grpo", "gspo", "cispo")
-LOSS_NORMALIZATIONS = ("sequence", "sum", "constant", "token")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-REWARD_SIGNALS = ("reward", "correctness")
+BASELINES = get_args(Baseline)
+ADVANTAGE_NORMALIZERS = get_args(AdvantageNormalizer)
+IMPORTANCE_METHODS = get_args(ImportanceMethod)
+LOSS_NORMALIZATIONS = get_args(LossNormalization)
+KL_ESTIMATORS = get_args(KLEstimator)
+REWARD_SIGNALS = get_args(RewardSignal)
+# Old names kept for one release: "grpo" is the PPO clip, which is what the name now says.
+DEPRECATED_IMPORTANCE_METHODS = {"grpo": "clip"}
 
 CHECK_INPUTS = True
 
@@ -46,6 +49,16 @@ CHECK_INPUTS = True
 def check_choice(argument: str, value: object, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"{argument}={value!r} is not one of {', '.join(map(repr, choices))}")
+
+
+def canonical_importance_method(method: str) -> str:
+    """The current name of an importance weighting method; an old name works, with a warning."""
+    if method in DEPRECATED_IMPORTANCE_METHODS:
+        new = DEPRECATED_IMPORTANCE_METHODS[method]
+        warnings.warn(f"importance_reweighting_method={method!r} is now called {new!r}; the old name goes in the "
+                      "next release", DeprecationWarning, stacklevel=3)
+        return new
+    return method
 
 
 def _check_finite(argument: str, tensor: torch.Tensor, mask: torch.Tensor | None = None) -> None:
@@ -258,7 +271,7 @@ def compute_policy_gradient_loss(
 
         "none"    -A log pi                                   eq. 14, 20, 25, 28/32, 33, 34, 37, 43 (on-policy)
         "noclip"  -A w_t                                      eq. 56 (token-level reweighting, 48)
-        "grpo"    -min(A w_t, A clip(w_t, 1-eps, 1+eps_high)) eq. 57-60 (PPO/GRPO clip; DAPO's clip-higher
+        "clip"    -min(A w_t, A clip(w_t, 1-eps, 1+eps_high)) eq. 57-60 (the PPO clip GRPO uses; DAPO's clip-higher
                                                               when eps_high > eps)
         "gspo"    -min(A s, A clip(s, 1-eps, 1+eps_high))     eq. 62-65, s = exp(mean_t log w_t) over the
                   response tokens (a geometric mean, in log space). The sequence's value is repeated at
@@ -271,6 +284,7 @@ def compute_policy_gradient_loss(
     clip fraction -- the share of response tokens whose clipped branch is active. For gspo all four are over
     the sequences that have a response token (their count is `sequences`), since its ratio is per sequence.
     """
+    importance_reweighting_method = canonical_importance_method(importance_reweighting_method)
     check_choice("importance_reweighting_method", importance_reweighting_method, IMPORTANCE_METHODS)
     if policy_log_probs.dim() != 2:
         raise ValueError(f"policy_log_probs must have shape (B, T); got {tuple(policy_log_probs.shape)}")
@@ -289,7 +303,7 @@ def compute_policy_gradient_loss(
         raise ValueError(f"importance_reweighting_method={importance_reweighting_method!r} needs old_log_probs")
     _check_shape("old_log_probs", old_log_probs, policy_log_probs.shape, "policy_log_probs")
     _check_finite("old_log_probs", old_log_probs, response_mask)
-    needs_clip = importance_reweighting_method in ("grpo", "gspo", "cispo")
+    needs_clip = importance_reweighting_method in ("clip", "gspo", "cispo")
     if needs_clip and cliprange is None and not (importance_reweighting_method == "cispo" and cliprange_high):
         raise ValueError(f"importance_reweighting_method={importance_reweighting_method!r} needs cliprange")
     for name, value in (("cliprange", cliprange), ("cliprange_high", cliprange_high)):
@@ -386,6 +400,22 @@ def aggregate_loss_across_microbatch(
     return masked.sum() / mask.sum().clamp(min=1)
 
 
+def whole_batch_normalizer(loss_normalization: LossNormalization, response_mask: torch.Tensor,
+                           normalization_constant: float | None = None) -> float | None:
+    """The divisor an aggregation needs from the whole batch, for `aggregate_loss_across_microbatch`'s
+    normalization_constant when the batch is cut into microbatches (or pruned): "constant" takes Z as given,
+    "token" the batch's response-token count (pruned rollouts included), the per-sequence means None (they
+    are rescaled by `microbatch_loss_scale` instead)."""
+    check_choice("loss_normalization", loss_normalization, LOSS_NORMALIZATIONS)
+    if loss_normalization == "constant":
+        if not normalization_constant or normalization_constant <= 0:
+            raise ValueError("loss_normalization='constant' needs a positive normalization_constant")
+        return float(normalization_constant)
+    if loss_normalization == "token":
+        return float(response_mask.bool().sum().clamp(min=1))
+    return None
+
+
 def microbatch_loss_scale(loss_normalization: LossNormalization, microbatch_size: int, batch_size: int) -> float:
     """Factor that turns one microbatch's aggregated loss into its share of the whole batch's loss.
 
@@ -395,94 +425,10 @@ def microbatch_loss_scale(loss_normalization: LossNormalization, microbatch_size
     return microbatch_size / batch_size if loss_normalization in ("sequence", "sum") else 1.0
 
 
-# ----------------------------------------------------------------------------------------------------
-# Named algorithms: each one a combination of the independent choices above.
+def __getattr__(name: str):
+    # the preset table moved to rlvr.algorithms (it is configuration, not maths); old imports keep working
+    if name in ("Preset", "PRESETS", "get_preset", "EstimatorSpec"):
+        from rlvr import algorithms
 
-
-@dataclasses.dataclass(frozen=True)
-class Preset:
-    """One named policy-gradient algorithm. Field names match `grpo_train_step`'s keyword arguments."""
-
-    baseline: Baseline
-    advantage_normalizer: AdvantageNormalizer
-    importance_reweighting_method: ImportanceMethod
-    loss_normalization: LossNormalization
-    cliprange: float | None = None
-    cliprange_high: float | None = None
-    beta: float = 0.0  # weight of the KL penalty to the reference model
-    kl_estimator: KLEstimator = "k2"  # the one whose gradient is the reverse KL's (see kl_penalty)
-    steps_per_rollout: int = 1  # optimizer steps per rollout batch; > 1 is off-policy
-    mask_truncated_completions: bool = False
-    # what the advantage is computed from: the (possibly shaped) reward, or the 0/1 correctness of the answer,
-    # which RFT's indicator (eq. 34) and MaxRL's success probability (eq. 37) are defined on
-    reward_signal: RewardSignal = "reward"
-    summary: str = ""
-
-    def validate(self) -> None:
-        check_choice("baseline", self.baseline, BASELINES)
-        check_choice("advantage_normalizer", self.advantage_normalizer, ADVANTAGE_NORMALIZERS)
-        check_choice("importance_reweighting_method", self.importance_reweighting_method, IMPORTANCE_METHODS)
-        check_choice("loss_normalization", self.loss_normalization, LOSS_NORMALIZATIONS)
-        check_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
-        check_choice("reward_signal", self.reward_signal, REWARD_SIGNALS)
-        if self.baseline == "none" and self.advantage_normalizer == "std":
-            raise ValueError("baseline='none' with advantage_normalizer='std' divides raw rewards by the group std: "
-                             "a group that is all right gets advantages of 1/eps = 1e6; use baseline='mean'")
-        if self.importance_reweighting_method in ("grpo", "gspo") and self.cliprange is None:
-            raise ValueError(f"importance_reweighting_method={self.importance_reweighting_method!r} needs cliprange")
-        if self.importance_reweighting_method == "cispo" and self.cliprange is None and self.cliprange_high is None:
-            raise ValueError("importance_reweighting_method='cispo' needs cliprange or cliprange_high")
-        if self.steps_per_rollout < 1:
-            raise ValueError(f"steps_per_rollout must be >= 1; got {self.steps_per_rollout}")
-        if self.beta < 0:
-            raise ValueError(f"beta must be >= 0; got {self.beta}")
-
-
-_OFF = 4  # optimizer steps per rollout batch for the off-policy presets (seed 004 uses 32 at 256 rollouts)
-
-PRESETS: dict[str, Preset] = {
-    "reinforce": Preset("none", "none", "none", "sum", summary="raw reward, no baseline (eq. 14); G=1 allowed"),
-    "reinforce_with_baseline": Preset("mean", "none", "none", "sum", summary="group-mean baseline (eq. 20)"),
-    "grpo": Preset("mean", "std", "none", "sequence", summary="GRPO on-policy (Algorithm 1, eq. 28)"),
-    "grpo_constant": Preset("mean", "std", "none", "constant", summary="GRPO with constant normalisation"),
-    "dr_grpo": Preset("mean", "none", "none", "constant", summary="Dr. GRPO (eq. 33)"),
-    "rft": Preset("none", "none", "none", "constant", reward_signal="correctness",
-                  summary="rejection fine-tuning on correct rollouts (eq. 34)"),
-    "maxrl": Preset("mean", "mean", "none", "constant", reward_signal="correctness",
-                    summary="MaxRL, mean-normalised advantage (eq. 37)"),
-    "grpo_clip": Preset(
-        "mean", "std", "grpo", "sequence", cliprange=0.2,
-        summary="GRPO with the PPO clip (eq. 57); the ratio is 1 unless steps_per_rollout > 1",
-    ),
-    "offpolicy_naive": Preset(
-        "mean", "std", "none", "sequence", steps_per_rollout=_OFF, summary="stale samples, no reweighting (eq. 44)"
-    ),
-    "offpolicy_noclip": Preset(
-        "mean", "std", "noclip", "sequence", steps_per_rollout=_OFF, summary="token-level reweighting (eq. 56)"
-    ),
-    "offpolicy_clip": Preset(
-        "mean", "std", "grpo", "sequence", cliprange=0.2, steps_per_rollout=_OFF, summary="PPO/GRPO clip (eq. 57-60)"
-    ),
-    "offpolicy_gspo": Preset(
-        "mean", "std", "gspo", "sequence", cliprange=3e-4, steps_per_rollout=_OFF,
-        summary="GSPO sequence-level geometric-mean ratio (eq. 62-65)",
-    ),
-    "cispo": Preset(
-        "mean", "std", "cispo", "sequence", cliprange=0.2, steps_per_rollout=_OFF,
-        summary="CISPO: capped, undifferentiated token weight (eq. 61)",
-    ),
-    "dapo": Preset(
-        "mean", "std", "grpo", "token", cliprange=0.2, cliprange_high=0.28, steps_per_rollout=_OFF,
-        mask_truncated_completions=True, summary="DAPO: clip-higher, token-mean loss, truncated rollouts masked",
-    ),
-}
-for _name, _preset in PRESETS.items():
-    _preset.validate()
-
-
-def get_preset(name: str) -> Preset:
-    """The preset called `name`; an unknown name fails with the list of valid ones."""
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown algorithm {name!r}; valid: {', '.join(PRESETS)}") from None
+        return getattr(algorithms, name)
+    raise AttributeError(f"module 'rlvr.estimators' has no attribute {name!r}")

@@ -12,7 +12,7 @@ import math
 import time
 from pathlib import Path
 
-from rlvr.config import EvalConfig
+from rlvr.config import EvalConfig, sampling_params
 from rlvr.data import Example
 from rlvr.prompts import PromptTemplate
 from rlvr.rewards import get_reward_fn, score_batch
@@ -155,7 +155,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     from rlvr.data import load_split
     from rlvr.models import load_model
     from rlvr.prompts import get_prompt
-    from rlvr.rollout import HFEngine
+    from rlvr.hf_engine import HFEngine
 
     prompt = get_prompt(cfg.prompt)
     examples = load_split(cfg, cfg.split, cfg.limit)
@@ -164,10 +164,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     cfg.save(out / "config.yaml")
     model, tokenizer = load_model(cfg.model)
     engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size, dtype=cfg.dtype)
-    sampling = SamplingParams(
-        temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
-        repetition_penalty=cfg.repetition_penalty, stop=prompt.stop, n=cfg.samples, seed=cfg.seed,
-    )
+    sampling = sampling_params(cfg, stop=prompt.stop, seed=cfg.seed)
     with tqdm(total=len(examples) * cfg.samples, unit="completion", desc=f"eval {cfg.prompt}") as bar:
         result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer, progress=bar.update)
     result.summary.update(model=cfg.model, prompt=cfg.prompt, dataset=cfg.dataset, split=cfg.split)

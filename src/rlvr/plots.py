@@ -15,7 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from rlvr.experiments import Band, Group, fmt_value, per_step_spread, spread, summarize_run
+from rlvr.runs import Band, Group, fmt_value, per_step_spread, spread, summarize_run
 
 
 @dataclass(frozen=True)

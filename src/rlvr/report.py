@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlvr.experiments import (
+from rlvr.runs import (
     NOT_CONFIG, SUMMARY_METRICS, Band, Group, Spread, Summary, differing_fields, fmt_value, load_groups, summarize,
 )
 

@@ -1,28 +1,24 @@
-"""Rollout engines: `generate(prompts, sampling) -> list[Completion]`.
+"""The rollout engine interface: `generate(prompts, sampling) -> list[Completion]`, `sync_weights(policy)`.
 
-`HFEngine` runs a transformers model with its own decode loop instead of `model.generate`, because RL
-rollouts have a shape generate does not exploit:
-  - G samples share one prompt: the prompt is prefilled once and its KV cache repeated G times;
-  - most rows stop early at "</answer>": finished rows leave the batch instead of decoding padding;
-  - each row draws its random numbers from its own counter-based stream keyed by (seed, prompt, sample
-    index), so a rollout reproduces whatever else was in the batch (up to float rounding of the batch).
-Prompts are grouped by length to keep padding low. An engine may hold its own copy of the weights (for
-example in bfloat16, where this CPU's matmuls are about twice as fast); `sync_weights(policy)` copies the
-trained policy in before each rollout phase, which is also the contract a vLLM backend would implement.
+Everything above the engine (training loops, evaluation, the demo) speaks only this interface, so another
+backend -- vLLM, or an engine in another process or on another machine (a Ray actor) -- plugs in by
+implementing two methods:
+
+    generate(prompts, sampling, progress=None) -> list[Completion]   len(prompts) * sampling.n, prompt-major
+    sync_weights(policy)                                             sample from the policy's weights now
+
+Optional capabilities are asked for in `SamplingParams`: per-token log-probs (`logprobs=True`) and
+entropies (`entropy=True`) of the distribution sampled from, softmax(logits / temperature). An engine
+that cannot provide them leaves `Completion.logprobs` / `.entropies` None.
+
+`HFEngine` (rlvr.hf_engine) is the transformers implementation. This module imports neither torch nor
+transformers, so configs can build `SamplingParams` cheaply.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import hashlib
-import time
 from typing import Protocol
-
-import numpy as np
-import torch
-
-from rlvr.models import cache_keyword
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,354 +67,18 @@ class RolloutEngine(Protocol):
         `progress(k)`, when given, is called as k more completions finish."""
         ...
 
-    def sync_weights(self, policy: torch.nn.Module) -> None:
+    def sync_weights(self, policy) -> None:
         """Make the engine sample from the policy's current weights."""
         ...
 
 
-# ----------------------------------------------------------------------------------------------------
-# Counter-based random numbers: uniform u(row, step) from a 64-bit key, independent of the batch.
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MOVED = ("HFEngine", "sample_tokens", "apply_repetition_penalty", "uniforms", "row_key", "preallocated_cache")
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        x = x + _GOLDEN
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
+def __getattr__(name: str):
+    # the transformers engine lives in rlvr.hf_engine; old imports from here keep working
+    if name in _MOVED:
+        from rlvr import hf_engine
 
-
-def row_key(seed: int, prompt: str, sample_index: int) -> int:
-    digest = hashlib.blake2b(f"{seed}\x00{sample_index}\x00{prompt}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
-
-
-def uniforms(keys: np.ndarray, step: int) -> torch.Tensor:
-    """One U[0, 1) draw per row for decode step `step`."""
-    with np.errstate(over="ignore"):
-        bits = _splitmix64(keys ^ _splitmix64(np.full_like(keys, step)))
-    return torch.from_numpy((bits >> np.uint64(11)).astype(np.float64) * 2.0**-53)
-
-
-# ----------------------------------------------------------------------------------------------------
-# Sampling one token per row.
-
-
-def sample_tokens(
-    logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float
-) -> torch.Tensor:
-    """Inverse-CDF sampling with one uniform per row: (R, V) logits, (R,) uniforms -> (R,) token ids."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    order = None
-    if top_p < 1.0:
-        probs, order = probs.sort(dim=-1, descending=True)
-        before = probs.cumsum(dim=-1) - probs
-        probs = probs.masked_fill(before >= top_p, 0.0)  # the first token always stays
-    cdf = probs.double().cumsum(dim=-1)
-    target = (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(-1)
-    index = torch.searchsorted(cdf, target, right=True).clamp(max=cdf.shape[-1] - 1)
-    # never land on a zero-probability token through rounding at the top of the CDF
-    index = torch.where(probs.gather(-1, index) > 0, index, probs.argmax(-1, keepdim=True))
-    tokens = index.squeeze(-1)
-    return order.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) if order is not None else tokens
-
-
-def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
-    """CTRL's penalty (as in transformers and vLLM): seen tokens' logits divided (or, if < 0, multiplied)."""
-    if penalty == 1.0:
-        return logits
-    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
-    return torch.where(seen, penalised, logits)
-
-
-# ----------------------------------------------------------------------------------------------------
-# The transformers backend.
-
-
-class _PreallocatedLayer:
-    """A KV-cache layer that writes into a preallocated buffer instead of concatenating.
-
-    transformers' DynamicLayer grows by torch.cat, copying the whole cache at every decode step; on this CPU
-    that copy took 75% of a decode step at batch 32. Here each step writes one column and returns views.
-    """
-
-    reserve = 0  # columns to allocate at the first update (prompt + max new tokens)
-
-    def lazy_initialization(self, key_states, value_states):
-        self.device = key_states.device
-        self._length = 0
-        self._k = self._v = None
-        self.is_initialized = True
-
-    def _views(self):
-        self.keys = self._k[:, :, : self._length]
-        self.values = self._v[:, :, : self._length]
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        b, h, q, d = key_states.shape
-        need = self._length + q
-        if self._k is None or need > self._k.shape[2]:
-            capacity = max(need, self.reserve, 2 * (self._k.shape[2] if self._k is not None else 0))
-            k = key_states.new_empty((b, h, capacity, d))
-            v = value_states.new_empty((b, h, capacity, d))
-            if self._k is not None:
-                k[:, :, : self._length] = self._k[:, :, : self._length]
-                v[:, :, : self._length] = self._v[:, :, : self._length]
-            self._k, self._v = k, v
-        self._k[:, :, self._length : need] = key_states
-        self._v[:, :, self._length : need] = value_states
-        self._length = need
-        self._views()
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self._length if self.is_initialized else 0
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._k = self._k.repeat_interleave(repeats, dim=0)
-        self._v = self._v.repeat_interleave(repeats, dim=0)
-        self._views()
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._k, self._v = self._k[indices], self._v[indices]
-        self._views()
-
-
-def preallocated_cache(reserve: int):
-    """A DynamicCache whose layers write into buffers of `reserve` columns (grown by doubling if needed)."""
-    from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
-
-    layer = type("PreallocatedLayer", (_PreallocatedLayer, DynamicLayer), {"reserve": reserve})
-    cache = DynamicCache.__new__(DynamicCache)
-    Cache.__init__(cache, layer_class_to_replicate=layer)
-    return cache
-
-
-def _empty_copy(model, dtype: torch.dtype):
-    """A copy of the policy's architecture (without any LoRA wrapper) allocated directly in `dtype`."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    previous = torch.get_default_dtype()
-    try:
-        torch.set_default_dtype(dtype)
-        with torch.device("meta"):
-            clone = type(base)(base.config)
-    finally:
-        torch.set_default_dtype(previous)
-    device = next(model.parameters()).device
-    clone = clone.to_empty(device=device).to(dtype)
-    clone.tie_weights()  # to_empty unties shared tensors such as a tied lm_head
-    clone.generation_config = copy.deepcopy(base.generation_config)
-    return clone.eval()
-
-
-def _merged_tensors(policy):
-    """(name, tensor) of every parameter and buffer as a plain model would name it; LoRA deltas merged."""
-    if not hasattr(policy, "get_base_model"):
-        yield from policy.named_parameters()
-        yield from policy.named_buffers()
-        return
-    from peft.tuners.lora import LoraLayer
-
-    base = policy.get_base_model()
-    for name, value in list(base.named_parameters()) + list(base.named_buffers()):
-        if ".lora_" in name:
-            continue
-        if ".base_layer." in name:
-            owner_name, _, leaf = name.partition(".base_layer.")
-            owner = base.get_submodule(owner_name)
-            if isinstance(owner, LoraLayer) and leaf == "weight" and not owner.merged:
-                value = value + sum(owner.get_delta_weight(a) for a in owner.active_adapters)
-            name = f"{owner_name}.{leaf}"
-        yield name, value
-
-
-@dataclasses.dataclass
-class _Rows:
-    """The rows being decoded; finished rows are dropped from every field together."""
-
-    index: torch.Tensor  # (R,) position in the chunk's completions
-    keys: np.ndarray  # (R,) uint64 random-stream keys
-    attention: torch.Tensor  # (R, S) attention mask, grows one column per step
-    seen: torch.Tensor | None  # (R, V) tokens seen so far, for the repetition penalty
-
-    def select(self, keep: torch.Tensor) -> None:
-        self.index = self.index[keep]
-        self.keys = self.keys[keep.numpy()]
-        self.attention = self.attention[keep]
-        if self.seen is not None:
-            self.seen = self.seen[keep]
-
-
-class HFEngine:
-    """Batched sampling from a transformers causal LM (CPU or GPU)."""
-
-    def __init__(self, model, tokenizer, batch_size: int = 64, dtype: str | None = None, compact_fraction: float = 0.25):
-        """`dtype` different from the model's makes a private copy in that dtype (synced by sync_weights); a
-        LoRA policy gets a plain copy with the adapter merged in. `compact_fraction`: finished rows leave
-        the batch once they are this share of it."""
-        self.tokenizer = tokenizer
-        self.batch_size = batch_size
-        self.compact_fraction = compact_fraction
-        self.model = model
-        policy_dtype = next(model.parameters()).dtype
-        if dtype is not None and getattr(torch, dtype) != policy_dtype:
-            self.model = _empty_copy(model, getattr(torch, dtype))
-            self.sync_weights(model)
-        self._cache_kw = cache_keyword(self.model)
-        eos = self.model.generation_config.eos_token_id
-        eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
-        # an end-of-document token ends a response too (SmolLM2-Instruct ends turns with <|im_end|> but
-        # sometimes writes <|endoftext|>, which would otherwise repeat until max_new_tokens)
-        eos += [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")]
-        unk = tokenizer.unk_token_id if tokenizer.unk_token != "<|endoftext|>" else None
-        self.eos_ids = sorted({int(e) for e in eos if e is not None and e != unk})
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
-        self.stats = {"generated_tokens": 0, "seconds": 0.0}
-
-    @torch.no_grad()
-    def sync_weights(self, policy: torch.nn.Module) -> None:
-        if self.model is policy:
-            return
-        targets = dict(self.model.named_parameters())
-        targets.update(dict(self.model.named_buffers()))
-        for name, value in _merged_tensors(policy):
-            if name not in targets:
-                raise KeyError(f"sync_weights: the engine's model has no tensor {name!r}")
-            targets[name].copy_(value)
-
-    def generate(self, prompts: list[str], sampling: SamplingParams, progress=None) -> list[Completion]:
-        was_training = self.model.training
-        self.model.eval()  # a shared policy comes back in the mode it came in
-        try:
-            return self._generate(prompts, sampling, progress)
-        finally:
-            self.model.train(was_training)
-
-    @torch.inference_mode()
-    def _generate(self, prompts: list[str], sampling: SamplingParams, progress=None) -> list[Completion]:
-        start = time.perf_counter()
-        encoded = [self.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
-        if any(len(ids) == 0 for ids in encoded):
-            raise ValueError("generate() got an empty prompt")
-        # longest first, so each chunk holds prompts of similar length (less padding)
-        order = sorted(range(len(prompts)), key=lambda i: -len(encoded[i]))
-        per_chunk = max(1, self.batch_size // sampling.n)
-        results: list[Completion | None] = [None] * (len(prompts) * sampling.n)
-        for c in range(0, len(order), per_chunk):
-            chunk = order[c : c + per_chunk]
-            for comp in self._generate_chunk([encoded[i] for i in chunk], [prompts[i] for i in chunk], sampling):
-                comp.prompt_index = chunk[comp.prompt_index]
-                results[comp.prompt_index * sampling.n + comp.sample_index] = comp
-            if progress is not None:
-                progress(len(chunk) * sampling.n)
-        self.stats["seconds"] += time.perf_counter() - start
-        return results  # type: ignore[return-value]
-
-    def _forward(self, input_ids, attention, cache, logits_to_keep=1):
-        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1] :]
-        out = self.model(
-            input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
-            use_cache=True, logits_to_keep=logits_to_keep, **{self._cache_kw: cache},
-        )
-        return out.logits[:, -1, :].float()
-
-    def _generate_chunk(self, encoded: list[list[int]], prompts: list[str], sampling: SamplingParams) -> list[Completion]:
-        device = next(self.model.parameters()).device
-        n, width = sampling.n, max(len(ids) for ids in encoded)
-        input_ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(encoded), width), dtype=torch.long)
-        for i, ids in enumerate(encoded):  # left padding
-            input_ids[i, width - len(ids) :] = torch.tensor(ids)
-            attention[i, width - len(ids) :] = 1
-        input_ids, attention = input_ids.to(device), attention.to(device)
-        cache = preallocated_cache(width + sampling.max_new_tokens)
-        logits = self._forward(input_ids, attention, cache)
-        if n > 1:  # the samples of one prompt share its prefill
-            cache.batch_repeat_interleave(n)
-            logits = logits.repeat_interleave(n, dim=0)
-            attention = attention.repeat_interleave(n, dim=0)
-            input_ids = input_ids.repeat_interleave(n, dim=0)
-        total = len(encoded) * n
-        seen = None
-        if sampling.repetition_penalty != 1.0:
-            seen = torch.zeros((total, logits.shape[-1]), dtype=torch.bool, device=device)
-            seen.scatter_(1, input_ids, attention.bool())
-        keys = np.array([row_key(sampling.seed, prompts[r // n], r % n) for r in range(total)], dtype=np.uint64)
-        rows = _Rows(torch.arange(total), keys, attention, seen)
-        tokens: list[list[int]] = [[] for _ in range(total)]
-        logprobs: list[list[float]] = [[] for _ in range(total)]
-        entropies: list[list[float]] = [[] for _ in range(total)]
-        # the distribution a sampled token is scored under: the model's at the sampling temperature (T=1
-        # for greedy), before top-p, penalties or min_new_tokens, which the learner cannot reproduce
-        scale = sampling.temperature if sampling.temperature > 0 else 1.0
-        finish: list[str | None] = [None] * total
-        eos = torch.tensor(self.eos_ids, device=device)
-        max_stop = max((len(s) for s in sampling.stop), default=0)
-        active = torch.ones(total, dtype=torch.bool)  # per row of `rows`: still generating
-
-        for step in range(sampling.max_new_tokens):
-            scores = apply_repetition_penalty(logits, rows.seen, sampling.repetition_penalty) if rows.seen is not None else logits
-            if step < sampling.min_new_tokens:
-                scores = scores.index_fill(-1, eos, float("-inf"))
-            next_tokens = sample_tokens(scores, uniforms(rows.keys, step).to(device), sampling.temperature, sampling.top_p)
-            if sampling.logprobs or sampling.entropy:
-                log_p = torch.log_softmax(logits / scale if scale != 1.0 else logits, dim=-1)
-                if sampling.logprobs:
-                    lp = log_p.gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1).tolist()
-                if sampling.entropy:
-                    ent = torch.special.entr(log_p.exp()).sum(-1).tolist()
-            if rows.seen is not None:
-                rows.seen.scatter_(1, next_tokens.unsqueeze(-1), True)
-            next_list = next_tokens.tolist()
-            for j, row in enumerate(rows.index.tolist()):
-                if not active[j]:
-                    continue
-                token = next_list[j]
-                tokens[row].append(token)
-                if sampling.logprobs:
-                    logprobs[row].append(lp[j])
-                if sampling.entropy:
-                    entropies[row].append(ent[j])
-                if token in self.eos_ids and step >= sampling.min_new_tokens:
-                    finish[row] = "stop"
-                elif max_stop and step + 1 >= sampling.min_new_tokens:
-                    # a stop string spans at most max_stop tokens; decode only the tail to look for it
-                    tail = self.tokenizer.decode(tokens[row][-(max_stop + 2) :])
-                    if any(s in tail for s in sampling.stop):
-                        finish[row] = "stop"
-                if finish[row] is None and len(tokens[row]) >= sampling.max_new_tokens:
-                    finish[row] = "length"
-                if finish[row] is not None:
-                    active[j] = False
-            if not active.any():
-                break
-            done = int((~active).sum())
-            if done and done >= self.compact_fraction * len(active):
-                keep = active.nonzero().squeeze(-1)
-                cache.batch_select_indices(keep.to(device))
-                rows.select(keep.to(device) if device.type != "cpu" else keep)
-                next_tokens = next_tokens[keep.to(device)]
-                active = torch.ones(len(keep), dtype=torch.bool)
-            rows.attention = torch.cat([rows.attention, rows.attention.new_ones((len(active), 1))], dim=-1)
-            logits = self._forward(next_tokens.unsqueeze(-1), rows.attention, cache)
-
-        completions = []
-        for row in range(total):
-            ids = tokens[row]
-            text_ids = ids[:-1] if ids and ids[-1] in self.eos_ids and finish[row] == "stop" else ids
-            text = self.tokenizer.decode(text_ids)
-            if finish[row] == "stop" and sampling.stop:
-                cut = [text.find(s) + len(s) for s in sampling.stop if s in text]
-                text = text[: min(cut)] if cut else text
-            self.stats["generated_tokens"] += len(ids)
-            completions.append(
-                Completion(row // n, row % n, text, ids, finish[row] or "length",
-                           logprobs[row] if sampling.logprobs else None, entropies[row] if sampling.entropy else None)
-            )
-        return completions
+        return getattr(hf_engine, name)
+    raise AttributeError(f"module 'rlvr.rollout' has no attribute {name!r}")

@@ -16,12 +16,12 @@ import torch
 
 from rlvr import checkpoint as ckpt
 from rlvr.config import SFTConfig
-from rlvr.data import load_split, r1_zero_response
+from rlvr.data import DataOrder, load_split, r1_zero_response
+from rlvr.hf_engine import HFEngine
+from rlvr.loop_common import (build_optimizer, fmt_metrics, load_policy, open_logger, restore, start_run,
+                              trainer_state, validate)
 from rlvr.policy import autocast, get_response_log_probs, sft_microbatch_train_step, tokenize_prompt_and_output
 from rlvr.prompts import get_prompt
-from rlvr.rollout import HFEngine
-from rlvr.training import (build_optimizer, epoch_order, fmt_metrics, load_policy, open_logger, restore, start_run,
-                            validate)
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +42,10 @@ def train_sft(cfg: SFTConfig) -> dict:
     val = load_split(cfg, "validation", cfg.eval_limit)
     model, tokenizer, state = load_policy(cfg, run_dir)
     optimizer, scheduler = build_optimizer(model, cfg, cfg.steps)
-    step, epoch, position = restore(state, optimizer, scheduler)
+    step, order = restore(state, optimizer, scheduler, DataOrder(len(train), f"sft-{cfg.seed}"))
     logger = open_logger(run_dir, cfg, state)
     engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)
     accumulation = cfg.batch_size // cfg.microbatch_size
-    order = epoch_order(len(train), f"sft-{cfg.seed}", epoch)
 
     if step == 0 and cfg.eval_at_start:
         metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
@@ -57,13 +56,7 @@ def train_sft(cfg: SFTConfig) -> dict:
     bar = tqdm(total=cfg.steps, initial=step, desc="sft", unit="step")
     while step < cfg.steps:
         started = time.perf_counter()
-        batch = []
-        while len(batch) < cfg.batch_size:
-            if position >= len(order):
-                epoch, position = epoch + 1, 0
-                order = epoch_order(len(train), f"sft-{cfg.seed}", epoch)
-            batch.append(train[order[position]])
-            position += 1
+        batch = [train[i] for i in order.take(cfg.batch_size)]
         model.train()
         loss_total, tokens, nll = 0.0, 0, 0.0
         for m in range(0, cfg.batch_size, cfg.microbatch_size):
@@ -88,7 +81,7 @@ def train_sft(cfg: SFTConfig) -> dict:
         seconds = time.perf_counter() - started
         metrics = {"train/loss": loss_total, "train/nll_per_token": nll / max(tokens, 1),
                    "train/grad_norm": float(grad_norm), "train/lr": lr, "train/response_tokens": tokens,
-                   "train/epoch": epoch + position / len(train), "time/step_seconds": seconds,
+                   "train/epoch": order.epochs_done, "time/step_seconds": seconds,
                    "time/tokens_per_second": tokens / seconds}
         if cfg.eval_every and step % cfg.eval_every == 0 or (step == cfg.steps and cfg.eval_at_end):
             val_metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
@@ -98,9 +91,8 @@ def train_sft(cfg: SFTConfig) -> dict:
         bar.update(1)
         bar.set_postfix(nll=f"{metrics['train/nll_per_token']:.3f}", s=f"{seconds:.1f}")
         if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
-            ckpt.save_checkpoint(run_dir, step, model, tokenizer, {
-                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": ckpt.rng_state(),
-                "epoch": epoch, "position": position}, keep=cfg.keep_checkpoints)
+            ckpt.save_checkpoint(run_dir, step, model, tokenizer, trainer_state(optimizer, scheduler, order),
+                                 keep=cfg.keep_checkpoints)
     bar.close()
     summary = {"steps": step, **{k: v for k, v in metrics.items() if k.startswith("val/")}}
     final = ckpt.save_final(run_dir, model, tokenizer, summary)

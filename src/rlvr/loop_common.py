@@ -1,0 +1,111 @@
+"""Pieces both training loops share (`rlvr sft` in sft.py, `rlvr train` in rl.py): optimizer and schedule,
+loading the policy (and resuming it), validation through the evaluation code, run directories."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from rlvr import checkpoint as ckpt
+from rlvr.config import TrainingFields, sampling_params
+from rlvr.data import DataOrder, Example
+from rlvr.evaluate import evaluate
+from rlvr.models import load_model, prepare_for_training
+from rlvr.prompts import PromptTemplate
+from rlvr.rollout import RolloutEngine
+
+log = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------------------------------
+
+
+def build_optimizer(model, cfg: TrainingFields, total_steps: int):
+    """AdamW over the trainable parameters, with a warmup then constant or cosine schedule."""
+    from transformers import get_constant_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    # fused: one kernel per parameter instead of foreach's lists of parameter-sized temporaries (peak memory)
+    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                  weight_decay=cfg.weight_decay, fused=True)
+    if cfg.lr_schedule == "cosine":
+        scheduler = get_cosine_with_min_lr_schedule_with_warmup(
+            optimizer, cfg.warmup_steps, total_steps, min_lr_rate=cfg.min_lr_ratio)
+    else:
+        scheduler = get_constant_schedule_with_warmup(optimizer, cfg.warmup_steps)
+    return optimizer, scheduler
+
+
+def load_policy(cfg: TrainingFields, run_dir: Path):
+    """The trainable model and tokenizer, from the last checkpoint when resuming. Returns (model, tokenizer,
+    trainer state or None)."""
+    resume_from = ckpt.latest_checkpoint(run_dir) if cfg.resume else None
+    if cfg.resume and resume_from is None:  # the first run of a resumable job: nothing to warn about
+        log.info("resume: no checkpoint in %s yet; starting from the beginning", run_dir)
+    model, tokenizer = load_model(cfg.model)
+    model = prepare_for_training(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout,
+                                 gradient_checkpointing=cfg.gradient_checkpointing)
+    state = None
+    if resume_from is not None:
+        ckpt.load_weights_into(model, resume_from)
+        state = ckpt.load_state(resume_from)
+        log.info("resuming from %s (step %d)", resume_from, state["step"])
+    return model, tokenizer, state
+
+
+def validate(engine: RolloutEngine, policy, examples: list[Example], prompt: PromptTemplate, tokenizer,
+             cfg: TrainingFields, prefix: str = "val") -> tuple[dict, list[dict]]:
+    """Greedy (by default) validation through the evaluation code; returns metrics and the records."""
+    engine.sync_weights(policy)
+    sampling = sampling_params(cfg, stop=prompt.stop, seed=cfg.seed, validation=True)
+    result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer)
+    s = result.summary
+    metrics = {
+        f"{prefix}/accuracy": s["accuracy"],
+        f"{prefix}/format_rate": s["format_rate"],
+        f"{prefix}/mean_response_tokens": s["mean_response_tokens"],
+        f"{prefix}/truncated_rate": s["truncated_rate"],
+        f"{prefix}/seconds": s["seconds"],
+        **{f"{prefix}/pass@{k}": v for k, v in s.get("pass_at_k", {}).items()},
+    }
+    return metrics, result.records
+
+
+def start_run(cfg: TrainingFields) -> Path:
+    run_dir = Path(cfg.out)
+    if (run_dir / "metrics.jsonl").exists() and not cfg.resume and ckpt.finished_model(run_dir) is None:
+        raise FileExistsError(f"{run_dir} already holds a run; pass resume=true to continue it or choose another out")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.save(run_dir / "config.yaml")
+    return run_dir
+
+
+def restore(state: dict | None, optimizer, scheduler, order: DataOrder) -> tuple[int, DataOrder]:
+    """Put a checkpoint's optimizer, schedule, RNG state and data position back; returns (step, order)."""
+    if state is None:
+        return 0, order
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    ckpt.set_rng_state(state["rng"])
+    return state["step"], DataOrder(order.n, order.key, state["epoch"], state["position"])
+
+
+def trainer_state(optimizer, scheduler, order: DataOrder, **extra) -> dict:
+    """What a checkpoint holds besides the weights, so that a resumed run logs the same numbers."""
+    return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": ckpt.rng_state(),
+            **order.state(), **extra}
+
+
+def open_logger(run_dir: Path, cfg: TrainingFields, state: dict | None):
+    """The run's metrics logger; a resumed run first drops what was logged after its checkpoint (or
+    everything, when it is resumed without one)."""
+    from rlvr.tracking import MetricsLogger
+
+    resume_step = state["step"] if state is not None else (-1 if cfg.resume else None)
+    return MetricsLogger(run_dir, cfg.tensorboard, cfg.wandb_project, cfg.model_dump(), resume_step=resume_step)
+
+
+def fmt_metrics(metrics: dict) -> str:
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())

@@ -1,0 +1,389 @@
+"""`rlvr train`: the RL loop of seed 004 Algorithm 1, for every estimator (preset or user-registered).
+
+    for step in 1..steps:
+        rollouts   <- G samples for each of the next questions, from the engine (weights synced)  Rollouts
+        scored     <- rewards, advantages over the whole rollout batch, tokens                   TrainBatch
+        [old log-probs of train batches 2..k, once, before the first update]      (off-policy)
+        [reference log-probs]                                                      (beta > 0)
+        for each of the k = steps_per_rollout train batches: one policy_gradient_update
+        log; validate every eval_every; checkpoint every save_every
+
+Entry logic (seed 000): if `out` already holds a finished model, it is evaluated instead of trained.
+Every rollout is reproducible from (seed, step, question, sample index).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import random
+import statistics
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from rlvr import checkpoint as ckpt
+from rlvr.algorithms import EstimatorSpec, compute_advantages
+from rlvr.config import TrainConfig, sampling_params
+from rlvr.data import DataOrder, Example, load_split
+from rlvr.evaluate import pass_at_k
+from rlvr.hf_engine import HFEngine
+from rlvr.loop_common import build_optimizer, load_policy, open_logger, restore, start_run, trainer_state, validate
+from rlvr.policy import tokenize_prompt_and_output
+from rlvr.prompts import PromptTemplate, get_prompt
+from rlvr.rewards import combine_rewards, format_reward_fn, get_reward_fn, rewards_and_metadata, score_batch
+from rlvr.rollout import Completion, RolloutEngine
+from rlvr.update import NonFiniteLoss, TrainBatch, policy_gradient_update, score_log_probs
+
+log = logging.getLogger(__name__)
+
+
+def build_reward_fn(cfg: TrainConfig, prompt_reward: str):
+    """The prompt's reward, or a weighted combination such as {r1_zero: 1.0, format: 0.2} (seed 002)."""
+    if not cfg.rewards:
+        return get_reward_fn(prompt_reward)
+    parts = []
+    for name, weight in cfg.rewards.items():
+        fn = format_reward_fn(prompt_reward) if name == "format" else get_reward_fn(name)
+        parts.append((name, fn, weight))
+    return combine_rewards(parts)
+
+
+class RunMonitor:
+    """Seed 002's warning signs: response length exploding, entropy collapsing, KL spiking, no signal."""
+
+    def __init__(self, max_new_tokens: int):
+        self.max_new_tokens = max_new_tokens
+        self.first_length: float | None = None
+        self.first_entropy: float | None = None
+        self.kl_history: list[float] = []
+        self.no_signal_streak = 0
+
+    def check(self, m: dict, trained: bool = True) -> list[str]:
+        """Warnings for this step's metrics. A step that trained nothing (every rollout pruned) cannot have
+        caused an entropy collapse or a KL spike, so those two never fire on it."""
+        warnings = []
+        length, entropy = m.get("rollout/mean_tokens"), m.get("train/token_entropy")
+        if self.first_length is None and length:
+            self.first_length = length
+        if self.first_entropy is None and entropy:
+            self.first_entropy = entropy
+        if length and self.first_length and length > 2 * self.first_length and m.get("rollout/truncated_rate", 0) > 0.5:
+            warnings.append(f"response length exploding: {length:.0f} tokens (started at {self.first_length:.0f}), "
+                            f"{m['rollout/truncated_rate']:.0%} truncated -- read the rollouts for reward hacking")
+        if trained and entropy is not None and self.first_entropy and entropy < 0.2 * self.first_entropy:
+            warnings.append(f"entropy collapsing: {entropy:.3f} (started at {self.first_entropy:.3f}); "
+                            "the reward will plateau -- lower the learning rate or raise the temperature")
+        kl = m.get("train/kl")
+        if kl is not None and trained:
+            if len(self.kl_history) >= 3 and kl > 0.05 and kl > 5 * statistics.median(self.kl_history):
+                warnings.append(f"KL spiking: {kl:.4f} vs median {statistics.median(self.kl_history):.4f} -- an "
+                                "exploit or a learning rate that is too high")
+            self.kl_history.append(kl)
+        no_signal = m.get("train/frac_groups_zero_std", 0.0)
+        self.no_signal_streak = self.no_signal_streak + 1 if no_signal > 0.8 else 0
+        if self.no_signal_streak >= 3:
+            warnings.append(f"{no_signal:.0%} of groups had no reward spread for {self.no_signal_streak} steps: "
+                            "they teach nothing -- use easier questions, more samples, or SFT first")
+        return warnings
+
+    def state(self) -> dict:
+        return dict(vars(self))
+
+    def load(self, state: dict) -> None:
+        vars(self).update(state)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The stages of one step, with typed records between them.
+
+
+@dataclasses.dataclass
+class Rollouts:
+    """One rollout batch: the questions, their prompts and G completions each (prompt-major)."""
+
+    questions: list[Example]
+    prompts: list[str]
+    completions: list[Completion]
+
+    @property
+    def responses(self) -> list[str]:
+        return [c.text for c in self.completions]
+
+    @property
+    def truths(self) -> list[str]:
+        return [self.questions[c.prompt_index].answer for c in self.completions]
+
+    @property
+    def truncated(self) -> torch.Tensor:
+        return torch.tensor([c.finish_reason == "length" for c in self.completions])
+
+
+@dataclasses.dataclass
+class Scored:
+    """A rollout batch's rewards and the TrainBatch its advantages make."""
+
+    scores: list[dict]
+    reward_meta: dict
+    adv_meta: dict
+    batch: TrainBatch
+
+
+@contextmanager
+def _timed(times: dict, phase: str):
+    start = time.perf_counter()
+    yield
+    times[phase] = times.get(phase, 0.0) + time.perf_counter() - start
+
+
+def collect_rollouts(engine: RolloutEngine, model, train: list[Example], order: DataOrder, prompt: PromptTemplate,
+                     tokenizer, cfg: TrainConfig, step: int) -> Rollouts:
+    questions = [train[i] for i in order.take(cfg.rollout_batch_size // cfg.group_size)]
+    prompts = [prompt.format(q.question, tokenizer) for q in questions]
+    engine.sync_weights(model)
+    sampling = sampling_params(cfg, stop=prompt.stop, seed=cfg.seed * 1_000_003 + step)
+    return Rollouts(questions, prompts, engine.generate(prompts, sampling))
+
+
+def score_rollouts(rollouts: Rollouts, reward_fn, spec: EstimatorSpec, cfg: TrainConfig, tokenizer) -> Scored:
+    """Rewards and advantages over the whole rollout batch, then the tokens the update trains on."""
+    scores, grading = score_batch(reward_fn, rollouts.responses, rollouts.truths)
+    raw_rewards, reward_meta = rewards_and_metadata(scores, grading)
+    if spec.reward_signal == "correctness":  # RFT's indicator, MaxRL's success: shaping does not enter
+        raw_rewards = torch.tensor([float(s["answer_reward"]) for s in scores])
+    advantages, adv_meta = compute_advantages(raw_rewards, cfg.group_size, spec)
+    adv_meta = {**_group_spread(raw_rewards, cfg.group_size), **adv_meta}
+    tokens = tokenize_prompt_and_output([rollouts.prompts[c.prompt_index] for c in rollouts.completions],
+                                        rollouts.responses, tokenizer)
+    mask = tokens["response_mask"]
+    if spec.mask_truncated_completions:
+        truncated = rollouts.truncated
+        mask = mask & ~truncated.unsqueeze(-1)
+        advantages = torch.where(truncated, torch.zeros_like(advantages), advantages)
+    return Scored(scores, reward_meta, adv_meta, TrainBatch(tokens["input_ids"], tokens["labels"], mask, advantages))
+
+
+def _group_spread(raw_rewards: torch.Tensor, group_size: int) -> dict:
+    """Signal statistics any estimator is logged with: the share of groups without reward spread."""
+    groups = raw_rewards.float().view(-1, group_size)
+    return {"frac_groups_zero_std": (groups.max(1).values == groups.min(1).values).float().mean(),
+            "reward_std": raw_rewards.float().std() if raw_rewards.numel() > 1 else torch.zeros(())}
+
+
+def train_on_rollouts(model, optimizer, scheduler, reference, batch: TrainBatch, spec: EstimatorSpec,
+                      cfg: TrainConfig, step: int, times: dict) -> list[dict]:
+    """The k = steps_per_rollout optimizer steps on one rollout batch (k > 1 is off-policy)."""
+    k = spec.steps_per_rollout
+    rows = list(range(len(batch)))
+    if k > 1:
+        random.Random(f"{cfg.seed}-{step}-minibatches").shuffle(rows)
+    splits = [rows[i * cfg.train_batch_size : (i + 1) * cfg.train_batch_size] for i in range(k)]
+    with _timed(times, "old_logprobs"):
+        if spec.needs_old_log_probs and k > 1:  # before any update; the first train batch uses the live policy
+            later = [r for s in splits[1:] for r in s if spec.beta > 0 or batch.advantages[r] != 0]
+            batch.old_log_probs = score_log_probs(model, batch.input_ids, batch.labels, batch.response_mask,
+                                                  cfg.microbatch_size, cfg.precision, rows=later,
+                                                  share_prefix=cfg.share_prefix, temperature=cfg.temperature)
+    with _timed(times, "reference"):
+        if spec.beta > 0:
+            batch.reference_log_probs = _reference_log_probs(reference, model, batch, cfg)
+    updates = []
+    with _timed(times, "train"):
+        for i, split in enumerate(splits):
+            part = batch.rows(split)
+            if i == 0:
+                part.old_log_probs = None  # the live policy is the sampling policy for the first update
+            try:
+                loss, meta = policy_gradient_update(
+                    model, optimizer, part, spec, math.ceil(len(split) / cfg.microbatch_size), cfg.max_grad_norm,
+                    on_policy_ratio=spec.needs_old_log_probs and i == 0, precision=cfg.precision,
+                    share_prefix=cfg.share_prefix, temperature=cfg.temperature)
+                updates.append({"loss": float(loss), **meta})
+            except NonFiniteLoss as err:
+                log.error("step %d, train batch %d: %s", step, i, err)
+                updates.append({"nonfinite": 1.0})
+            scheduler.step()
+    return updates
+
+
+# ----------------------------------------------------------------------------------------------------
+# The loop.
+
+
+def train_grpo(cfg: TrainConfig) -> dict:
+    finished = ckpt.finished_model(Path(cfg.out))
+    if finished is not None:
+        return evaluate_finished(cfg, finished)
+    run_dir = start_run(cfg)
+    ckpt.seed_everything(cfg.seed)
+    prompt, spec = get_prompt(cfg.prompt), cfg.estimator
+    train = load_split(cfg, "train", cfg.train_limit)
+    val = load_split(cfg, "validation", cfg.eval_limit)
+    reward_fn = build_reward_fn(cfg, prompt.reward)
+    model, tokenizer, state = load_policy(cfg, run_dir)
+    optimizer, scheduler = build_optimizer(model, cfg, cfg.steps * spec.steps_per_rollout)
+    reference = _reference_model(cfg)
+    monitor = RunMonitor(cfg.max_new_tokens)
+    step, order = restore(state, optimizer, scheduler, DataOrder(len(train), f"grpo-{cfg.seed}"))
+    if state is not None:
+        monitor.load(state["monitor"])
+    logger = open_logger(run_dir, cfg, state)
+    engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)
+    if step == 0 and cfg.eval_at_start:
+        metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
+        logger.log(0, metrics)
+        log.info("step 0 validation: accuracy %.3f, format %.3f", metrics["val/accuracy"], metrics["val/format_rate"])
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=cfg.steps, initial=step, desc=f"train {cfg.algorithm}", unit="step")
+    metrics: dict = {}
+    while step < cfg.steps:
+        step += 1
+        times: dict[str, float] = {}
+        with _timed(times, "generate"):
+            rollouts = collect_rollouts(engine, model, train, order, prompt, tokenizer, cfg, step)
+        with _timed(times, "score"):
+            scored = score_rollouts(rollouts, reward_fn, spec, cfg, tokenizer)
+        updates = train_on_rollouts(model, optimizer, scheduler, reference, scored.batch, spec, cfg, step, times)
+
+        metrics = _step_metrics(cfg, rollouts, scored, updates, times, scheduler)
+        if cfg.eval_every and step % cfg.eval_every == 0 or (step == cfg.steps and cfg.eval_at_end):
+            with _timed(times, "validate"):
+                val_metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
+            metrics.update(val_metrics, **{"time/validate": times["validate"]})
+        for warning in monitor.check(metrics, trained=metrics["train/trained_tokens"] > 0):
+            log.warning("step %d: %s", step, warning)
+            metrics.setdefault("warnings", []).append(warning)
+        logger.log(step, metrics)
+        if cfg.log_rollouts_every and (step % cfg.log_rollouts_every == 0 or step == 1):
+            logger.log_rows("rollouts", step, _rollout_rows(rollouts, scored))
+        bar.update(1)
+        bar.set_postfix(reward=f"{metrics['train/reward']:.3f}", gen=f"{times['generate']:.0f}s",
+                        train=f"{times['train']:.0f}s", **({"val": f"{metrics['val/accuracy']:.3f}"}
+                                                           if "val/accuracy" in metrics else {}))
+        if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
+            ckpt.save_checkpoint(run_dir, step, model, tokenizer,
+                                 trainer_state(optimizer, scheduler, order, monitor=monitor.state()),
+                                 keep=cfg.keep_checkpoints)
+    bar.close()
+    summary = {"steps": step, "algorithm": cfg.algorithm,
+               **{k_: v for k_, v in metrics.items() if k_.startswith("val/")}}
+    final = ckpt.save_final(run_dir, model, tokenizer, summary)
+    logger.close()
+    log.info("training finished: %s; model in %s", finished_validation(summary), final)
+    return {**summary, "final": str(final)}
+
+
+def finished_validation(summary: dict) -> str:
+    if "val/accuracy" not in summary:
+        return "no validation (eval_at_end=false and no eval_every step)"
+    return f"validation accuracy {summary['val/accuracy']:.3f}, format rate {summary['val/format_rate']:.3f}"
+
+
+def _reference_model(cfg: TrainConfig):
+    """A frozen copy of the starting policy (`model=`, also after a resume) for the KL term; with LoRA the
+    adapter-free base serves."""
+    if not cfg.beta:
+        return None
+    if cfg.lora_rank > 0:
+        return None  # `disable_adapter()` on the policy itself gives the reference
+    from rlvr.models import load_model
+
+    reference, _ = load_model(cfg.model)
+    reference.eval()
+    for p in reference.parameters():
+        p.requires_grad_(False)
+    return reference
+
+
+def _reference_log_probs(reference, model, batch: TrainBatch, cfg: TrainConfig) -> torch.Tensor:
+    args = (batch.input_ids, batch.labels, batch.response_mask, cfg.microbatch_size, cfg.precision)
+    kwargs = dict(share_prefix=cfg.share_prefix, temperature=cfg.temperature)
+    if reference is not None:
+        return score_log_probs(reference, *args, **kwargs)
+    with model.disable_adapter():
+        return score_log_probs(model, *args, **kwargs)
+
+
+def _rollout_rows(rollouts: Rollouts, scored: Scored) -> list[dict]:
+    truths = rollouts.truths
+    return [{"question": rollouts.questions[c.prompt_index].question, "ground_truth": truths[j], "response": c.text,
+             "reward": scored.scores[j]["reward"], "format_reward": scored.scores[j]["format_reward"],
+             "answer_reward": scored.scores[j]["answer_reward"], "advantage": float(scored.batch.advantages[j]),
+             "tokens": len(c.token_ids), "finish_reason": c.finish_reason, "sample_index": c.sample_index}
+            for j, c in enumerate(rollouts.completions)]
+
+
+def _group_pass_at_k(correct: list[float], group_size: int) -> dict[str, float]:
+    groups = [correct[i : i + group_size] for i in range(0, len(correct), group_size)]
+    return {f"train/pass@{k}": sum(pass_at_k(group_size, int(sum(g)), k) for g in groups) / len(groups)
+            for k in range(1, group_size + 1)}
+
+
+def _step_metrics(cfg, rollouts: Rollouts, scored: Scored, updates, times, scheduler) -> dict:
+    completions, reward_meta = rollouts.completions, scored.reward_meta
+    lengths = [len(c.token_ids) for c in completions]
+    ok = [u for u in updates if "nonfinite" not in u]
+    # an update on a fully pruned train batch is a zero-gradient step: its loss and grad norm are 0 by
+    # construction, and averaging them in would make a step look quieter than its training was
+    trained = [u for u in ok if u["trained_rollouts"] > 0]
+    entropies = [e for c in completions for e in (c.entropies or [])]
+    m = {
+        "train/reward": reward_meta["reward_mean"],
+        "train/format_reward": reward_meta["format_reward_mean"],
+        "train/answer_reward": reward_meta["answer_reward_mean"],
+        "train/frac_groups_zero_std": float(scored.adv_meta["frac_groups_zero_std"]),
+        "train/reward_std": float(scored.adv_meta["reward_std"]),
+        "rollout/mean_tokens": sum(lengths) / len(lengths),
+        "rollout/max_tokens": max(lengths),
+        "rollout/truncated_rate": sum(c.finish_reason == "length" for c in completions) / len(completions),
+        "train/lr": scheduler.get_last_lr()[0],
+        "train/nonfinite_steps": len(updates) - len(ok),
+        "train/updates_trained": len(trained),
+        "train/trained_tokens": sum(u["trained_tokens"] for u in ok),
+    }
+    if entropies:  # the whole rollout batch's, from the sampler: pruning cannot bias it
+        m["train/token_entropy"] = sum(entropies) / len(entropies)
+    for key, value in reward_meta.items():
+        if key.startswith("reward/"):
+            m[f"train/{key.removesuffix('_mean')}"] = value
+        elif key.startswith("grading/") and key != "grading/seconds":
+            m[key] = value
+    m.update(_group_pass_at_k([s["answer_reward"] for s in scored.scores], cfg.group_size))
+    if ok:
+        m["train/pruned_fraction"] = sum(u["pruned_fraction"] for u in ok) / len(ok)
+    if trained:
+        for key in ("loss", "grad_norm", "clip_fraction", "kl", "ratio_mean"):
+            values = [u[key] for u in trained if key in u]
+            if values:
+                m[f"train/{key}"] = sum(values) / len(values)
+        m["train/grad_norm_max"] = max(u["grad_norm"] for u in trained)
+        if any("ratio_max" in u for u in trained):
+            m["train/ratio_max"] = max(u["ratio_max"] for u in trained if "ratio_max" in u)
+            m["train/ratio_min"] = min(u["ratio_min"] for u in trained if "ratio_min" in u)
+        m["train/trained_token_entropy"] = (sum(u["trained_token_entropy_sum"] for u in trained)
+                                            / max(m["train/trained_tokens"], 1))
+    for phase, seconds in times.items():
+        m[f"time/{phase}"] = seconds
+    m["time/step"] = sum(times.values())
+    m["time/generate_tokens_per_second"] = sum(lengths) / max(times["generate"], 1e-9)
+    if trained and times["train"] > 0:
+        m["time/train_tokens_per_second"] = m["train/trained_tokens"] / times["train"]
+    return m
+
+
+def evaluate_finished(cfg: TrainConfig, final: Path) -> dict:
+    """Seed 000's entry logic: a finished run is evaluated, not trained again."""
+    from rlvr.models import load_model
+
+    log.info("%s holds a finished model; evaluating it instead of training", final)
+    model, tokenizer = load_model(str(final))
+    engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)
+    val = load_split(cfg, "validation", cfg.eval_limit)
+    metrics, _ = validate(engine, model, val, get_prompt(cfg.prompt), tokenizer, cfg)
+    log.info("finished model: %s", ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+    return {**metrics, "final": str(final), "already_finished": True}

@@ -1,0 +1,296 @@
+"""The RL update: one optimizer step of a policy-gradient estimator on a batch of scored rollouts
+(seed 004 §4.2.4, §5.4, §6.4).
+
+`policy_gradient_update(model, optimizer, batch, spec, ...)` is the whole step on one screen: prune,
+split the rest into microbatches of similar length, score them, per-token loss of the spec's estimator,
+aggregate with whole-batch normalisers, backward, clip, step, clear. `grpo_train_step` is the assignment's
+interface on top of it (it computes rewards and advantages itself); the training loop computes those once
+per rollout batch and calls `policy_gradient_update` for each train batch.
+
+Departures from seed 004's reference step, each keeping the update exactly the same:
+  1. Rollouts with zero advantage (unless a KL term needs them) or no response token are never trained;
+     the normalisers still count them (N sequences, all response tokens), so the gradient is unchanged,
+     and a fully pruned batch still hands the optimizer its zero gradient, as the unpruned step would.
+  2. Rows are ordered by prompt, then length, before being cut into microbatches, and each microbatch is
+     trimmed to its longest row, so little time goes into padding.
+  3. The vocabulary projection runs only at response positions (`get_response_log_probs(positions=...)`),
+     and a microbatch's shared prompt runs through the model once (`share_prefix`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from rlvr.algorithms import EstimatorSpec, compute_advantages, policy_loss
+from rlvr.estimators import aggregate_loss_across_microbatch, kl_penalty, microbatch_loss_scale, whole_batch_normalizer
+from rlvr.policy import autocast, get_response_log_probs, tokenize_prompt_and_output
+from rlvr.rewards import rewards_and_metadata, score_batch
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss or gradient norm was NaN/inf; the optimizer step was skipped and the gradients cleared."""
+
+
+@dataclasses.dataclass
+class TrainBatch:
+    """Scored rollouts ready for an update: (N, T) token tensors, (N,) advantages, and the log-probs of the
+    sampling policy (off-policy) and of the reference (KL term) when the estimator needs them."""
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    response_mask: torch.Tensor
+    advantages: torch.Tensor
+    old_log_probs: torch.Tensor | None = None
+    reference_log_probs: torch.Tensor | None = None
+
+    def __post_init__(self):
+        n = self.input_ids.shape[0]
+        if not (self.labels.shape == self.response_mask.shape == self.input_ids.shape) or self.advantages.shape != (n,):
+            raise ValueError("input_ids, labels, response_mask must share one (N, T) shape and advantages be (N,)")
+        for name in ("old_log_probs", "reference_log_probs"):
+            value = getattr(self, name)
+            if value is not None and value.shape != self.labels.shape:
+                raise ValueError(f"{name} has shape {tuple(value.shape)}; the batch has {tuple(self.labels.shape)}")
+        self.response_mask = self.response_mask.bool()
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def rows(self, index) -> "TrainBatch":
+        index = torch.as_tensor(index)
+        pick = lambda t: t[index] if t is not None else None  # noqa: E731
+        return TrainBatch(*(pick(getattr(self, f.name)) for f in dataclasses.fields(self)))
+
+
+def _row_widths(response_mask: torch.Tensor) -> torch.Tensor:
+    """Columns each row needs: up to and including its last response label."""
+    positions = torch.arange(1, response_mask.shape[1] + 1)
+    return (response_mask.long() * positions).max(dim=1).values.clamp(min=1)
+
+
+def _microbatches(rows: list[int], input_ids: torch.Tensor, response_mask: torch.Tensor, size: int) -> list[list[int]]:
+    """Rows ordered by prompt, then longest first, cut into chunks of `size`: rows of one group land
+    together (their prompt can run once) and little padding is left after trimming."""
+    starts = response_mask.long().argmax(dim=1)
+    widths = _row_widths(response_mask)
+    key = {r: (tuple(input_ids[r, : int(starts[r])].tolist()), -int(widths[r])) for r in rows}
+    ordered = sorted(rows, key=key.__getitem__)
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+
+
+@torch.no_grad()
+def score_log_probs(model, input_ids, labels, response_mask, microbatch_size: int, precision: str = "fp32",
+                    rows: list[int] | None = None, share_prefix: bool = True, temperature: float = 1.0,
+                    return_token_entropy: bool = False):
+    """Log-probs (N, T) of the response tokens under `model` at `temperature`, without gradient (old policy,
+    reference); rows not in `rows` are left at 0. With `return_token_entropy`, (log-probs, entropy)."""
+    out = torch.zeros(labels.shape, dtype=torch.float32)
+    entropy = torch.zeros(labels.shape, dtype=torch.float32) if return_token_entropy else None
+    rows = list(range(labels.shape[0])) if rows is None else rows
+    widths = _row_widths(response_mask)
+    was_training = model.training
+    model.eval()
+    for mb in _microbatches(rows, input_ids, response_mask, microbatch_size):
+        idx = torch.tensor(mb)
+        w = int(widths[idx].max())
+        with autocast(precision):
+            lp = get_response_log_probs(model, input_ids[idx, :w], labels[idx, :w], return_token_entropy,
+                                        positions=response_mask[idx, :w], share_prefix=share_prefix,
+                                        temperature=temperature)
+        out[idx, :w] = lp["log_probs"].float()
+        if entropy is not None:
+            entropy[idx, :w] = lp["token_entropy"].float()
+    model.train(was_training)
+    return (out, entropy) if return_token_entropy else out
+
+
+class _UpdateStats:
+    """What an update reports, summed over its microbatches: tokens, entropy, KL, ratio and clip statistics."""
+
+    def __init__(self):
+        self.tokens = self.sequences = 0
+        self.entropy = self.kl = self.ratio_sum = self.clip_sum = self.ratio_weight = 0.0
+        self.ratio_min, self.ratio_max = math.inf, -math.inf
+
+    def add(self, mask: torch.Tensor, entropy: torch.Tensor, meta: dict, kl: torch.Tensor | None) -> None:
+        tokens = int(mask.sum())
+        self.tokens += tokens
+        self.sequences += mask.shape[0]
+        self.entropy += float((entropy * mask).sum())
+        if kl is not None:
+            self.kl += float((kl.detach() * mask).sum())
+        if "ratio_mean" in meta:
+            # GSPO's ratio and clip fraction are per sequence, the others' per token: weight by what they count
+            weight = float(meta["sequences"]) if "sequences" in meta else tokens
+            self.ratio_weight += weight
+            self.ratio_sum += float(meta["ratio_mean"]) * weight
+            self.clip_sum += float(meta.get("clip_fraction", 0.0)) * weight
+            self.ratio_min = min(self.ratio_min, float(meta["ratio_min"]))
+            self.ratio_max = max(self.ratio_max, float(meta["ratio_max"]))
+
+    def metadata(self, grad_norm: float, kept: int, n: int, microbatches: int, spec: EstimatorSpec) -> dict:
+        out = {"grad_norm": grad_norm, "trained_rollouts": kept, "trained_tokens": self.tokens,
+               "trained_token_entropy_sum": self.entropy, "pruned_fraction": 1 - kept / n, "microbatches": microbatches}
+        if self.tokens:
+            out["trained_token_entropy"] = self.entropy / self.tokens
+        if self.ratio_weight > 0:
+            out.update(clip_fraction=self.clip_sum / self.ratio_weight, ratio_mean=self.ratio_sum / self.ratio_weight,
+                       ratio_min=self.ratio_min, ratio_max=self.ratio_max)
+        if spec.beta > 0 and self.tokens:
+            out["kl"] = self.kl / self.tokens
+        return out
+
+
+def policy_gradient_update(
+    model,
+    optimizer,
+    batch: TrainBatch,
+    spec: EstimatorSpec,
+    gradient_accumulation_steps: int,
+    max_grad_norm: float | None,
+    *,
+    on_policy_ratio: bool = False,
+    precision: str = "fp32",
+    share_prefix: bool = True,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """One optimizer step of `spec`'s estimator on the N rollouts of `batch`.
+
+    `on_policy_ratio=True` uses the current policy's (detached) log-probs as the old ones -- exact for the
+    first update on a fresh rollout batch, and free. `temperature`: the rollouts' sampling temperature; the
+    policy is scored at logits / temperature (old and reference log-probs must be scored the same way).
+    Gradients left on the model by the caller are discarded first: the step is exactly this batch's.
+    Returns the whole batch's loss (the sum of the backpropagated microbatch losses) and metadata; its
+    entropy (`trained_token_entropy`) is over the rollouts that were trained, not the whole batch.
+    """
+    n = len(batch)
+    if gradient_accumulation_steps < 1:
+        raise ValueError(f"gradient_accumulation_steps must be >= 1; got {gradient_accumulation_steps}")
+    if spec.beta > 0 and batch.reference_log_probs is None:
+        raise ValueError("beta > 0 needs reference_log_probs")
+    if spec.needs_old_log_probs and batch.old_log_probs is None and not on_policy_ratio:
+        raise ValueError(f"importance_reweighting_method={spec.importance_reweighting_method!r} needs old_log_probs")
+    mask_all = batch.response_mask
+    normalizer = whole_batch_normalizer(spec.loss_normalization, mask_all, spec.normalization_constant)
+    microbatch_size = math.ceil(n / gradient_accumulation_steps)
+    # A rollout with no response token (EOS sampled first) or zero advantage (and no KL term) has exactly
+    # zero gradient; skipping it keeps the step the same and cannot leave a microbatch with nothing to
+    # differentiate.
+    has_tokens = mask_all.any(dim=1)
+    kept = [i for i in range(n) if has_tokens[i] and (spec.beta > 0 or batch.advantages[i] != 0)]
+    widths = _row_widths(mask_all)
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = None
+
+    model.train()
+    total_loss, stats = torch.zeros(()), _UpdateStats()
+    for mb in _microbatches(kept, batch.input_ids, mask_all, microbatch_size):
+        idx, w = torch.tensor(mb), int(widths[mb].max())
+        mask = mask_all[idx, :w]
+        with autocast(precision):
+            scored = get_response_log_probs(model, batch.input_ids[idx, :w], batch.labels[idx, :w],
+                                            return_token_entropy=True, positions=mask, share_prefix=share_prefix,
+                                            temperature=temperature)
+        log_probs = scored["log_probs"]
+        if not bool(torch.isfinite(log_probs[mask]).all()):
+            optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLoss("the policy's log-probs are NaN/inf (diverged weights?); step skipped, gradients cleared")
+        old = log_probs.detach() if on_policy_ratio else (
+            batch.old_log_probs[idx, :w].to(log_probs.dtype) if batch.old_log_probs is not None else None)
+        per_token, meta = policy_loss(spec, batch.advantages[idx], log_probs, old, mask)
+        kl = None
+        if spec.beta > 0:
+            kl = kl_penalty(log_probs, batch.reference_log_probs[idx, :w].to(log_probs.dtype), spec.kl_estimator)
+            per_token = per_token + spec.beta * kl
+        loss = aggregate_loss_across_microbatch(per_token, mask, spec.loss_normalization, normalizer)
+        loss = loss * microbatch_loss_scale(spec.loss_normalization, len(mb), n)
+        loss.backward()
+        total_loss += loss.detach()
+        stats.add(mask, scored["token_entropy"], meta, kl)
+
+    if not kept:
+        # Every gradient is exactly zero. Seed 004's unpruned step still hands AdamW a zero gradient (its
+        # moments decay, its step count advances, the weights move by momentum and weight decay), whereas a
+        # None gradient would make it skip the parameter: give it the zeros.
+        for p in params:
+            p.grad = torch.zeros_like(p)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf"))
+    if not (torch.isfinite(total_loss) and torch.isfinite(grad_norm)):
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteLoss(f"non-finite loss ({float(total_loss)}) or gradient norm ({float(grad_norm)}); "
+                            "step skipped, gradients cleared")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    microbatches = math.ceil(len(kept) / microbatch_size) if kept else 0
+    return total_loss, stats.metadata(float(grad_norm), len(kept), n, microbatches, spec)
+
+
+def grpo_train_step(
+    model,
+    tokenizer,
+    optimizer,
+    gradient_accumulation_steps: int,
+    max_grad_norm: float | None,
+    reward_fn,
+    repeated_prompts: list[str],
+    rollout_responses: list[str],
+    repeated_ground_truths: list[str],
+    group_size: int,
+    baseline: str = "mean",
+    advantage_eps: float = 1e-6,
+    advantage_normalizer: str = "std",
+    importance_reweighting_method: str = "none",
+    old_log_probs: torch.Tensor | None = None,
+    cliprange: float | None = None,
+    loss_normalization: str = "sequence",
+    normalization_constant: float | None = None,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Seed 004's GRPO train step: rewards -> group-normalised advantages -> one optimizer step.
+
+    old_log_probs, when given, is aligned with `tokenize_prompt_and_output(repeated_prompts,
+    rollout_responses)` of the whole batch: one row per rollout, the batch's padded width, scored at
+    `temperature` (the rollouts' sampling temperature). Returns the batch loss (sum of the backpropagated
+    microbatch losses) and metadata: grad norm (before clipping), the token entropy of the whole batch
+    (the rollouts pruning skipped are scored for it without gradient), train rewards (total, format,
+    answer), clip fraction for the clipping methods.
+    """
+    n = len(rollout_responses)
+    if not (len(repeated_prompts) == n == len(repeated_ground_truths)):
+        raise ValueError(f"repeated_prompts ({len(repeated_prompts)}), rollout_responses ({n}) and "
+                         f"repeated_ground_truths ({len(repeated_ground_truths)}) must have the same length")
+    if loss_normalization == "constant" and not normalization_constant:
+        raise ValueError("loss_normalization='constant' needs normalization_constant")
+    spec = EstimatorSpec(baseline, advantage_normalizer, importance_reweighting_method, loss_normalization,
+                         cliprange=cliprange, advantage_eps=advantage_eps,
+                         normalization_constant=normalization_constant).validate()
+    scores, grading = score_batch(reward_fn, rollout_responses, repeated_ground_truths)
+    raw_rewards, reward_meta = rewards_and_metadata(scores, grading)
+    advantages, adv_meta = compute_advantages(raw_rewards, group_size, spec)
+    tokens = tokenize_prompt_and_output(repeated_prompts, rollout_responses, tokenizer)
+    if old_log_probs is not None and old_log_probs.shape != tokens["labels"].shape:
+        raise ValueError(f"old_log_probs has shape {tuple(old_log_probs.shape)}; the tokenized batch has "
+                         f"{tuple(tokens['labels'].shape)} (one row per rollout, the batch's padded width)")
+    batch = TrainBatch(tokens["input_ids"], tokens["labels"], tokens["response_mask"], advantages, old_log_probs)
+    skipped = [i for i in range(n) if advantages[i] == 0 and bool(batch.response_mask[i].any())]
+    skipped_entropy = 0.0
+    if skipped:  # the entropy of the whole batch, not of the rollouts that happened to have signal
+        _, entropy = score_log_probs(model, batch.input_ids, batch.labels, batch.response_mask,
+                                     math.ceil(n / gradient_accumulation_steps), rows=skipped,
+                                     temperature=temperature, return_token_entropy=True)
+        skipped_entropy = float((entropy * batch.response_mask).sum())
+    loss, meta = policy_gradient_update(model, optimizer, batch, spec, gradient_accumulation_steps, max_grad_norm,
+                                        temperature=temperature)
+    meta.update({
+        "token_entropy": (meta["trained_token_entropy_sum"] + skipped_entropy) / max(int(batch.response_mask.sum()), 1),
+        "loss": float(loss),
+        "train_reward": reward_meta["reward_mean"],
+        "train_format_reward": reward_meta["format_reward_mean"],
+        "train_answer_reward": reward_meta["answer_reward_mean"],
+        **{f"advantages/{k}": float(v) for k, v in adv_meta.items()},
+    })
+    return loss, meta
