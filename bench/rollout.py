@@ -8,6 +8,7 @@ distribution, top_k off), at most 128 new tokens, stop at "</answer>", in one pr
 
   generate fp32   model.generate(do_sample=True, stop_strings=["</answer>"], tokenizer=..., pad_token_id=...),
                   left padding; G samples per prompt via num_return_sequences (each row prefills its prompt)
+  generate bf16   the same on a bfloat16 copy of the model
   rlvr fp32       HFEngine sharing the fp32 model (batch_size = the case's rows)
   rlvr bf16       HFEngine with its own bfloat16 copy of the weights (what `rlvr train` uses by default)
 
@@ -20,8 +21,8 @@ finished row. tokens/s = counted tokens / wall time of the call (tokenisation an
 median over --repeats calls with different seeds; engines alternate within each repeat. The two sides
 sample different completions, so "mean len" (counted tokens per row) shows whether they did similar work.
 
-Reading the output: a table per case, then one line per case with the ratio rlvr / generate of tokens/s
-(above 1: rlvr is faster). Run it on an otherwise idle machine with --threads at most the idle cores.
+Reading the output: a table per case, then one line per case with the ratios rlvr / generate of tokens/s
+at the same dtype (above 1: rlvr is faster), and rlvr bf16 / generate fp32 for reference. Run it on an otherwise idle machine with --threads at most the idle cores.
 """
 
 from __future__ import annotations
@@ -115,10 +116,17 @@ def main() -> None:
     from rlvr.models import load_model
     from rlvr.hf_engine import HFEngine
 
+    import copy
+
+    import torch
+
     model, tokenizer = load_model()
     model.eval()
+    generators = {"generate fp32": model}
     engines = {"generate fp32": None, "rlvr fp32": HFEngine(model, tokenizer)}
     if not args.no_bf16:
+        generators["generate bf16"] = copy.deepcopy(model).to(torch.bfloat16).eval()
+        engines["generate bf16"] = None
         engines["rlvr bf16"] = HFEngine(model, tokenizer, dtype="bfloat16")
     cases = parse_cases(args.batches, args.groups)
     info = machine()
@@ -127,7 +135,7 @@ def main() -> None:
 
     def call(name, prompts, samples, max_new_tokens, seed):
         if engines[name] is None:
-            return run_generate(model, tokenizer, prompts, samples, max_new_tokens, seed)
+            return run_generate(generators[name], tokenizer, prompts, samples, max_new_tokens, seed)
         return run_engine(engines[name], prompts, samples, max_new_tokens, seed)
 
     warm_prompts, _ = gsm8k_prompts(2)
@@ -158,10 +166,10 @@ def main() -> None:
     ratios = {}
     for label, _, _ in cases:
         by = {r["engine"]: r for r in results if r["case"] == label}
-        base = by["generate fp32"]["tokens_per_s"]
-        ratios[label] = {name: by[name]["tokens_per_s"] / base for name in by if name != "generate fp32"}
-        print(f"{label}: " + ", ".join(f"{name} / generate fp32 tokens/s ratio {v:.2f}"
-                                       for name, v in ratios[label].items()))
+        pairs = [("rlvr fp32", "generate fp32"), ("rlvr bf16", "generate bf16"), ("rlvr bf16", "generate fp32")]
+        ratios[label] = {f"{a} / {b}": by[a]["tokens_per_s"] / by[b]["tokens_per_s"] for a, b in pairs
+                         if a in by and b in by}
+        print(f"{label}: " + ", ".join(f"{name} tokens/s ratio {v:.2f}" for name, v in ratios[label].items()))
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": info, "args": vars(args), "results": results,
                                                "ratios": ratios}, indent=2))

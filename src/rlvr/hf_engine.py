@@ -20,7 +20,9 @@ import time
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
+from rlvr import decode_llama
 from rlvr.models import cache_keyword
 from rlvr.rollout import Completion, SamplingParams
 
@@ -55,25 +57,47 @@ def uniforms(keys: np.ndarray, step: int) -> torch.Tensor:
 # Sampling one token per row.
 
 
+_BLOCK = 256  # vocabulary entries per block of the two-level inverse-CDF search
+
+
 def sample_tokens(
-    logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float
+    logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float, probs: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Inverse-CDF sampling with one uniform per row: (R, V) logits, (R,) uniforms -> (R,) token ids."""
+    """Inverse-CDF sampling with one uniform per row: (R, V) logits, (R,) uniforms -> (R,) token ids.
+    `probs`, when the caller already has softmax(logits / temperature), saves computing it again."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if probs is None:
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
     order = None
     if top_p < 1.0:
         probs, order = probs.sort(dim=-1, descending=True)
         before = probs.cumsum(dim=-1) - probs
         probs = probs.masked_fill(before >= top_p, 0.0)  # the first token always stays
-    cdf = probs.double().cumsum(dim=-1)
-    target = (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(-1)
-    index = torch.searchsorted(cdf, target, right=True).clamp(max=cdf.shape[-1] - 1)
-    # never land on a zero-probability token through rounding at the top of the CDF
-    index = torch.where(probs.gather(-1, index) > 0, index, probs.argmax(-1, keepdim=True))
-    tokens = index.squeeze(-1)
+    tokens = _inverse_cdf(probs, u)
     return order.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) if order is not None else tokens
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The first token whose cumulative probability (in float64) exceeds u x the total, found in two levels
+    -- the block, then the token inside it -- so no (R, V) float64 CDF is ever built: at R = 64 that
+    allocation alone (25 MB, freshly paged in at every decode step) cost more than the search."""
+    rows, vocab = probs.shape
+    pad = (-vocab) % _BLOCK
+    blocks = F.pad(probs, (0, pad)).view(rows, -1, _BLOCK) if pad else probs.view(rows, -1, _BLOCK)
+    block_cdf = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # (R, V / BLOCK)
+    target = (u.to(torch.float64) * block_cdf[:, -1]).unsqueeze(-1)
+    block = torch.searchsorted(block_cdf, target, right=True).clamp(max=block_cdf.shape[1] - 1)  # (R, 1)
+    below = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)), torch.zeros_like(target))
+    inside = blocks.gather(1, block.unsqueeze(-1).expand(rows, 1, _BLOCK)).squeeze(1)  # (R, BLOCK)
+    cdf = inside.double().cumsum(-1) + below
+    index = block * _BLOCK + torch.searchsorted(cdf, target, right=True).clamp(max=_BLOCK - 1)
+    index = index.clamp(max=vocab - 1)
+    # never land on a zero-probability token through rounding at the top of the CDF
+    chosen = probs.gather(-1, index) > 0
+    if not bool(chosen.all()):
+        index = torch.where(chosen, index, probs.argmax(-1, keepdim=True))
+    return index.squeeze(-1)
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -207,10 +231,12 @@ class _Rows:
 class HFEngine:
     """Batched sampling from a transformers causal LM (CPU or GPU)."""
 
-    def __init__(self, model, tokenizer, batch_size: int = 64, dtype: str | None = None, compact_fraction: float = 0.25):
+    def __init__(self, model, tokenizer, batch_size: int = 64, dtype: str | None = None, compact_fraction: float = 0.25,
+                 fast_decode: bool = True):
         """`dtype` different from the model's makes a private copy in that dtype (synced by sync_weights); a
         LoRA policy gets a plain copy with the adapter merged in. `compact_fraction`: finished rows leave
-        the batch once they are this share of it."""
+        the batch once they are this share of it. `fast_decode`: decode Llama-architecture models with
+        rlvr.decode_llama (fused weights, shared-prefix attention) instead of the transformers forward."""
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.compact_fraction = compact_fraction
@@ -220,6 +246,7 @@ class HFEngine:
             self.model = _empty_copy(model, getattr(torch, dtype))
             self.sync_weights(model)
         self._cache_kw = cache_keyword(self.model)
+        self.fast_decode = fast_decode and decode_llama.supports(self.model)
         eos = self.model.generation_config.eos_token_id
         eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
         # an end-of-document token ends a response too (SmolLM2-Instruct ends turns with <|im_end|> but
@@ -286,10 +313,17 @@ class HFEngine:
             input_ids[i, width - len(ids) :] = torch.tensor(ids)
             attention[i, width - len(ids) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
-        cache = preallocated_cache(width + sampling.max_new_tokens)
+        decoder = decode_llama.LlamaDecoder(self.model) if self.fast_decode else None
+        # the fast decoder keeps a shared prompt's cache once and the rows' new tokens apart (n > 1)
+        cache = preallocated_cache(width if decoder and n > 1 else width + sampling.max_new_tokens)
         logits = self._forward(input_ids, attention, cache)
+        state = positions = None
+        if decoder is not None:  # the prompt's cache stays shared by its samples (shared-prefix attention)
+            state = decoder.start(cache, attention, n, sampling.max_new_tokens)
+            positions = attention.sum(-1).repeat_interleave(n)  # where each row's first new token goes
         if n > 1:  # the samples of one prompt share its prefill
-            cache.batch_repeat_interleave(n)
+            if state is None:
+                cache.batch_repeat_interleave(n)
             logits = logits.repeat_interleave(n, dim=0)
             attention = attention.repeat_interleave(n, dim=0)
             input_ids = input_ids.repeat_interleave(n, dim=0)
@@ -315,13 +349,19 @@ class HFEngine:
             scores = apply_repetition_penalty(logits, rows.seen, sampling.repetition_penalty) if rows.seen is not None else logits
             if step < sampling.min_new_tokens:
                 scores = scores.index_fill(-1, eos, float("-inf"))
-            next_tokens = sample_tokens(scores, uniforms(rows.keys, step).to(device), sampling.temperature, sampling.top_p)
-            if sampling.logprobs or sampling.entropy:
-                log_p = torch.log_softmax(logits / scale if scale != 1.0 else logits, dim=-1)
-                if sampling.logprobs:
-                    lp = log_p.gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1).tolist()
-                if sampling.entropy:
-                    ent = torch.special.entr(log_p.exp()).sum(-1).tolist()
+            # one softmax serves the sampler, the log-probs and the entropy; it is the sampled distribution
+            # unless penalties or a minimum length reshaped `scores`, and the sampler computes it the same way
+            # itself, so the tokens do not depend on whether log-probs or entropies are asked for
+            sampled = scores is logits and sampling.temperature > 0
+            probs = None
+            if sampled or sampling.logprobs or sampling.entropy:
+                probs = torch.softmax(logits / scale if scale != 1.0 else logits, dim=-1)
+            next_tokens = sample_tokens(scores, uniforms(rows.keys, step).to(device), sampling.temperature,
+                                        sampling.top_p, probs=probs if sampled else None)
+            if sampling.logprobs:
+                lp = probs.gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1).log().tolist()
+            if sampling.entropy:
+                ent = torch.special.entr(probs).sum(-1).tolist()
             if rows.seen is not None:
                 rows.seen.scatter_(1, next_tokens.unsqueeze(-1), True)
             next_list = next_tokens.tolist()
@@ -350,12 +390,19 @@ class HFEngine:
             done = int((~active).sum())
             if done and done >= self.compact_fraction * len(active):
                 keep = active.nonzero().squeeze(-1)
-                cache.batch_select_indices(keep.to(device))
+                if state is not None:
+                    state.select(keep)
+                    positions = positions[keep]
+                else:
+                    cache.batch_select_indices(keep.to(device))
                 rows.select(keep.to(device) if device.type != "cpu" else keep)
                 next_tokens = next_tokens[keep.to(device)]
                 active = torch.ones(len(keep), dtype=torch.bool)
-            rows.attention = torch.cat([rows.attention, rows.attention.new_ones((len(active), 1))], dim=-1)
-            logits = self._forward(next_tokens.unsqueeze(-1), rows.attention, cache)
+            if state is not None:
+                logits = decoder.step(next_tokens, positions + step, state)
+            else:
+                rows.attention = torch.cat([rows.attention, rows.attention.new_ones((len(active), 1))], dim=-1)
+                logits = self._forward(next_tokens.unsqueeze(-1), rows.attention, cache)
 
         completions = []
         for row in range(total):
