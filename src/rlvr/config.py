@@ -16,6 +16,8 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rlvr.rollout import SamplingParams  # torch-free: configs stay cheap to import
+
 C = TypeVar("C", bound="BaseConfig")
 
 
@@ -206,8 +208,6 @@ class TrainingFields(DataFields):
 def sampling_params(cfg: BaseConfig, *, stop: tuple[str, ...], seed: int, validation: bool = False):
     """The one place a config becomes SamplingParams: `rlvr eval`'s settings, `rlvr train`'s rollouts (G
     samples each, with their entropies for the whole batch's token entropy), or validation (`eval_*`)."""
-    from rlvr.rollout import SamplingParams
-
     if validation:
         return SamplingParams(temperature=cfg.eval_temperature, max_new_tokens=cfg.eval_max_new_tokens, stop=stop,
                               seed=seed, n=cfg.eval_samples)

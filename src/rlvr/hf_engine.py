@@ -286,9 +286,12 @@ class HFEngine:
         order = sorted(range(len(prompts)), key=lambda i: -len(encoded[i]))
         per_chunk = max(1, self.batch_size // sampling.n)
         results: list[Completion | None] = [None] * (len(prompts) * sampling.n)
+        # the fused weights are built once per call, from the weights sync_weights last copied in
+        decoder = decode_llama.LlamaDecoder(self.model) if self.fast_decode else None
         for c in range(0, len(order), per_chunk):
             chunk = order[c : c + per_chunk]
-            for comp in self._generate_chunk([encoded[i] for i in chunk], [prompts[i] for i in chunk], sampling):
+            for comp in self._generate_chunk([encoded[i] for i in chunk], [prompts[i] for i in chunk], sampling,
+                                             decoder):
                 comp.prompt_index = chunk[comp.prompt_index]
                 results[comp.prompt_index * sampling.n + comp.sample_index] = comp
             if progress is not None:
@@ -304,7 +307,8 @@ class HFEngine:
         )
         return out.logits[:, -1, :].float()
 
-    def _generate_chunk(self, encoded: list[list[int]], prompts: list[str], sampling: SamplingParams) -> list[Completion]:
+    def _generate_chunk(self, encoded: list[list[int]], prompts: list[str], sampling: SamplingParams,
+                        decoder: decode_llama.LlamaDecoder | None = None) -> list[Completion]:
         device = next(self.model.parameters()).device
         n, width = sampling.n, max(len(ids) for ids in encoded)
         input_ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long)
@@ -313,7 +317,6 @@ class HFEngine:
             input_ids[i, width - len(ids) :] = torch.tensor(ids)
             attention[i, width - len(ids) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
-        decoder = decode_llama.LlamaDecoder(self.model) if self.fast_decode else None
         # the fast decoder keeps a shared prompt's cache once and the rows' new tokens apart (n > 1)
         cache = preallocated_cache(width if decoder and n > 1 else width + sampling.max_new_tokens)
         logits = self._forward(input_ids, attention, cache)
