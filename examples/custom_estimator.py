@@ -21,6 +21,7 @@ advantages are never trained), microbatching, metrics, checkpoints and resume as
 import torch
 
 from rlvr.algorithms import EstimatorSpec, register_advantage, register_estimator
+from rlvr.estimators import groups_without_spread
 
 
 @register_advantage("rloo")
@@ -31,8 +32,7 @@ def rloo_advantages(raw_rewards: torch.Tensor, group_size: int, spec: EstimatorS
     rewards = raw_rewards.float().view(-1, group_size)
     others = (rewards.sum(dim=1, keepdim=True) - rewards) / (group_size - 1)
     # a group without reward spread has exactly zero advantage (float rounding would otherwise leave 1e-8s)
-    no_spread = rewards.max(dim=1, keepdim=True).values == rewards.min(dim=1, keepdim=True).values
-    advantages = (rewards - others).masked_fill(no_spread, 0.0)
+    advantages = (rewards - others).masked_fill(groups_without_spread(rewards), 0.0)
     return advantages.reshape(-1), {"advantage_abs_max": advantages.abs().max()}
 
 

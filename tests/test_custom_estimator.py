@@ -96,3 +96,16 @@ def test_a_bad_import_path_is_a_clear_config_error(tmp_path):
         load_config(TrainConfig, overrides={"algorithm": f"{EXAMPLE}:NOPE"})
     with pytest.raises(ConfigError, match="not an EstimatorSpec"):
         load_config(TrainConfig, overrides={"algorithm": f"{EXAMPLE}:rloo_advantages"})
+
+
+def test_an_estimator_that_returns_no_metadata_still_gets_the_signal_statistics():
+    from rlvr.algorithms import compute_advantages, register_advantage
+
+    @register_advantage("test_raw")
+    def raw(rewards, group_size, spec):
+        return rewards.float(), {}
+
+    spec = EstimatorSpec(advantage="test_raw").validate()
+    _, meta = compute_advantages(torch.tensor([1.0, 1.0, 0.0, 1.0, 2.0, 2.0]), 2, spec)
+    assert float(meta["frac_groups_zero_std"]) == pytest.approx(2 / 3)  # groups (1,1) and (2,2)
+    assert float(meta["reward_std"]) == pytest.approx(float(torch.tensor([1.0, 1.0, 0.0, 1.0, 2.0, 2.0]).std()))

@@ -42,6 +42,7 @@ from rlvr.estimators import (
     check_choice,
     compute_group_normalized_rewards,
     compute_policy_gradient_loss,
+    groups_without_spread,
 )
 
 # advantage(raw_rewards (N,), group_size, spec) -> (advantages (N,), metadata of scalars)
@@ -167,11 +168,19 @@ for _method in ("none", "noclip", "clip", "gspo", "cispo"):
 
 
 def compute_advantages(raw_rewards: torch.Tensor, group_size: int, spec: EstimatorSpec):
-    """Per-rollout advantages (N,) and metadata from the spec's advantage function."""
+    """Per-rollout advantages (N,) and metadata from the spec's advantage function. The metadata always
+    holds the signal statistics every estimator is logged with (`frac_groups_zero_std`, `reward_std`);
+    a registered function need not compute them."""
     advantages, metadata = ADVANTAGES[spec.advantage](raw_rewards, group_size, spec)
     if advantages.shape != raw_rewards.reshape(-1).shape:
         raise ValueError(f"advantage function {spec.advantage!r} returned shape {tuple(advantages.shape)} for "
                          f"{raw_rewards.numel()} rollouts; it must return one advantage per rollout")
+    metadata = dict(metadata)
+    rewards = raw_rewards.float().reshape(-1)
+    if "frac_groups_zero_std" not in metadata:
+        metadata["frac_groups_zero_std"] = groups_without_spread(rewards.view(-1, group_size)).float().mean()
+    if "reward_std" not in metadata:
+        metadata["reward_std"] = rewards.std() if rewards.numel() > 1 else torch.zeros(())
     return advantages.float(), metadata
 
 

@@ -176,6 +176,17 @@ def kl_penalty(
 # Advantages.
 
 
+def groups_without_spread(grouped_rewards: torch.Tensor) -> torch.Tensor:
+    """(P, G) rewards -> (P, 1) bool: the groups whose rewards are all equal (they carry no signal).
+
+    Compared exactly, as max == min: a float mean of equal rewards can miss them by an ulp.
+
+    >>> groups_without_spread(torch.tensor([[1., 1.], [0., 1.]])).squeeze(-1)
+    tensor([ True, False])
+    """
+    return grouped_rewards.max(dim=1, keepdim=True).values == grouped_rewards.min(dim=1, keepdim=True).values
+
+
 def compute_group_normalized_rewards(
     raw_rewards: torch.Tensor,
     group_size: int,
@@ -222,7 +233,7 @@ def compute_group_normalized_rewards(
 
     rewards = raw_rewards.float().view(-1, group_size)
     group_mean = rewards.mean(dim=1, keepdim=True)
-    no_spread = rewards.max(dim=1, keepdim=True).values == rewards.min(dim=1, keepdim=True).values
+    no_spread = groups_without_spread(rewards)
     if baseline == "mean":
         # the float mean of equal rewards can miss them by an ulp (eight 0.2s: -1.5e-8 each), and dividing by
         # the equally tiny std + eps turns that into a uniform advantage of -0.015 that Adam scales up to a

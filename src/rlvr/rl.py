@@ -155,7 +155,6 @@ def score_rollouts(rollouts: Rollouts, reward_fn, spec: EstimatorSpec, cfg: Trai
     if spec.reward_signal == "correctness":  # RFT's indicator, MaxRL's success: shaping does not enter
         raw_rewards = torch.tensor([float(s["answer_reward"]) for s in scores])
     advantages, adv_meta = compute_advantages(raw_rewards, cfg.group_size, spec)
-    adv_meta = {**_group_spread(raw_rewards, cfg.group_size), **adv_meta}
     tokens = tokenize_prompt_and_output([rollouts.prompts[c.prompt_index] for c in rollouts.completions],
                                         rollouts.responses, tokenizer)
     mask = tokens["response_mask"]
@@ -164,13 +163,6 @@ def score_rollouts(rollouts: Rollouts, reward_fn, spec: EstimatorSpec, cfg: Trai
         mask = mask & ~truncated.unsqueeze(-1)
         advantages = torch.where(truncated, torch.zeros_like(advantages), advantages)
     return Scored(scores, reward_meta, adv_meta, TrainBatch(tokens["input_ids"], tokens["labels"], mask, advantages))
-
-
-def _group_spread(raw_rewards: torch.Tensor, group_size: int) -> dict:
-    """Signal statistics any estimator is logged with: the share of groups without reward spread."""
-    groups = raw_rewards.float().view(-1, group_size)
-    return {"frac_groups_zero_std": (groups.max(1).values == groups.min(1).values).float().mean(),
-            "reward_std": raw_rewards.float().std() if raw_rewards.numel() > 1 else torch.zeros(())}
 
 
 def train_on_rollouts(model, optimizer, scheduler, reference, batch: TrainBatch, spec: EstimatorSpec,
