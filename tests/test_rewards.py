@@ -758,9 +758,10 @@ def test_compute_rollout_rewards_rejects_lengths_that_differ():
 
 
 def test_registry():
-    assert set(REWARD_FNS) == {"r1_zero", "question_only", "answer_tag"}
+    assert set(REWARD_FNS) == {"r1_zero", "question_only", "answer_tag", "code_tests", "code_tests:think",
+                               "code_tests:fraction", "code_tests:think,fraction", "code_format"}
     assert get_reward_fn("r1_zero") is r1_zero_reward_fn
-    with pytest.raises(ValueError, match="answer_tag, question_only, r1_zero"):
+    with pytest.raises(ValueError, match="answer_tag, code_format, code_tests, .*question_only, r1_zero"):
         get_reward_fn("r1-zero")
     with pytest.raises(ValueError, match="valid"):
         format_reward_fn("nope")

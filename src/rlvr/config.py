@@ -129,19 +129,44 @@ def fields_help(cls: type[BaseConfig]) -> str:
 # Shared pieces.
 
 Dtype = Literal["float32", "bfloat16", "float16"]
+CODE_PROMPTS = ("code", "code_chat")  # the prompts of code datasets (rlvr.prompts), graded by running tests
+SFT_PROMPTS = ("r1_zero", "r1_zero_three_shot") + CODE_PROMPTS  # the prompts that have an SFT target
 
 
 class DataFields(BaseConfig):
     """What every command reads: the model, the dataset and how its splits are cut, the prompt."""
 
     model: str = Field("SmolLM2-135M-Instruct", description="hub name (cached), saved directory, .gguf, or the default")
-    dataset: str = Field("gsm8k", description="gsm8k | arithmetic[:steps=N,max=M] | path.jsonl")
-    prompt: str = Field("r1_zero", description="question_only | r1_zero | r1_zero_three_shot | chat")
+    dataset: str = Field("gsm8k", description="math: gsm8k | arithmetic[:steps=N,max=M] | path.jsonl; code: "
+                         "code[:level=N] | path.jsonl whose rows have a `tests_field` (needs a code prompt)")
+    prompt: str = Field("r1_zero", description="math: question_only | r1_zero | r1_zero_three_shot | chat; "
+                        "code datasets: code | code_chat")
     split_seed: int = Field(0, ge=0, description="seed of the train/validation split, kept apart from `seed` so "
                             "that every run of a sweep (and the SFT before it) holds out the same questions")
     question_field: str = Field("question", description="JSONL datasets: the question's field")
     answer_field: str = Field("answer", description="JSONL datasets: the answer's field (bare or '#### x')")
+    solution_field: str | None = Field(None, description="JSONL datasets: the worked solution's field (default: "
+                                       "math, the text before '####'; code, 'solution'; MBPP: code)")
+    tests_field: str = Field("tests", description="code JSONL datasets: the tests' field (assert strings, test code, "
+                             "or input/output pairs); a .jsonl whose first row has it is a code dataset")
+    entry_point_field: str = Field("entry_point", description="code JSONL datasets: the tested function's name")
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_dataset_prompt(self):
+        from rlvr.data import DataError, is_code_dataset  # lazily: configs stay cheap to import
+
+        try:
+            code = is_code_dataset(self.dataset, self.tests_field)
+        except DataError:  # a file not there yet (or unreadable): loading the data reports it
+            return self
+        if code and self.prompt not in CODE_PROMPTS:
+            raise ValueError(f"dataset={self.dataset!r} is a code dataset, graded by running tests; "
+                             f"prompt={self.prompt!r} is not a code prompt: use prompt={' or '.join(CODE_PROMPTS)}")
+        if not code and self.prompt in CODE_PROMPTS:
+            raise ValueError(f"prompt={self.prompt!r} is a code prompt, but dataset={self.dataset!r} is not a code "
+                             f"dataset (code[:level=N], or a .jsonl whose rows have a {self.tests_field!r} field)")
+        return self
 
 
 class EvalConfig(DataFields):
@@ -238,8 +263,9 @@ class SFTConfig(TrainingFields):
         _check_eval_sampling(self)
         if self.batch_size % self.microbatch_size:
             raise ValueError(f"batch_size={self.batch_size} is not a multiple of microbatch_size={self.microbatch_size}")
-        if self.prompt not in ("r1_zero", "r1_zero_three_shot"):
-            raise ValueError(f"prompt={self.prompt!r}: SFT targets are written in the r1_zero format; use r1_zero")
+        if self.prompt not in SFT_PROMPTS:
+            raise ValueError(f"prompt={self.prompt!r} has no SFT target; SFT takes prompt=r1_zero or "
+                             "r1_zero_three_shot (math datasets), code or code_chat (code datasets)")
         return self
 
 
@@ -275,8 +301,10 @@ class TrainConfig(TrainingFields):
     mask_truncated_completions: bool | None = None
     reward_signal: str | None = Field(
         None, description="reward | correctness: what advantages are computed from (rft, maxrl: correctness)")
-    # rewards: {name: weight}; names are reward functions (r1_zero, question_only, answer_tag) or "format"
-    rewards: dict[str, float] | None = Field(None, description="weighted rewards, e.g. {r1_zero: 1.0, format: 0.2}")
+    # rewards: {name: weight}; names are reward functions (r1_zero, question_only, answer_tag, code_tests) or
+    # "format" (the prompt's reward function's format reward)
+    rewards: dict[str, float] | None = Field(None, description="weighted rewards, e.g. {r1_zero: 1.0, format: 0.2} "
+                                             "or {code_tests: 1.0, format: 0.05}")
     # logging
     log_rollouts_every: int = Field(5, ge=0, description="append the batch's rollouts to rollouts.jsonl every N steps")
     learning_rate: float = Field(1e-5, gt=0)

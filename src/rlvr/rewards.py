@@ -1,11 +1,13 @@
-"""Reward functions for GSM8K (seed 004 §4.2.3).
+"""Reward functions for GSM8K (seed 004 §4.2.3) and for code (seed 003).
 
 A reward function maps `(response, ground_truth)` to `{"reward", "format_reward", "answer_reward"}`: it
 finds the answer (the last <answer> block for r1_zero and answer_tag, the last \\boxed{} for
 question_only) and grades it with `rlvr.grading`, whose docstring holds the grading rules and how they
 depart from the reference grader. `score_batch` extracts every answer of a batch in-process and grades
 them in one call, so the slow-path answers are graded in parallel; `combine_rewards` and
-`format_reward_fn` build weighted sums and format bonuses.
+`format_reward_fn` build weighted sums and format bonuses. `code_tests` runs the response's program
+against the problem's tests in the sandbox (`rlvr.code_rewards`, `rlvr.sandbox`); its batch's outcomes
+are logged as "grading/code_*".
 
 The grading functions are re-exported here (`grade_answer`, `configure_grading`, `grading_stats`, ...),
 and so is `parse_gsm8k_answer` of `rlvr.data`. This module does not import torch; only
@@ -19,6 +21,8 @@ import re
 import time
 from typing import Callable, Sequence
 
+from rlvr.code_rewards import extract_code, grade_programs
+from rlvr.code_tasks import code_answer
 from rlvr.data import parse_gsm8k_answer  # re-exported: graders and tasks both read GSM8K answers
 from rlvr.grading import (  # re-exported: the grading half of this module's interface
     configure_grading,
@@ -31,11 +35,13 @@ from rlvr.grading import (  # re-exported: the grading half of this module's int
 )
 from rlvr.grading.extract import _as_text, _last_outer_box
 from rlvr.grading.screen import _unbox
+from rlvr.sandbox import SandboxLimits, sandbox_stats
 
 __all__ = [
     "REWARD_FNS",
     "RewardFn",
     "answer_tag_reward_fn",
+    "code_tests_reward_fn",
     "combine_rewards",
     "compute_rollout_rewards",
     "configure_grading",
@@ -280,14 +286,57 @@ def format_reward_fn(base: RewardFn | str = "r1_zero") -> RewardFn:
     return FormatReward(base)
 
 
+class CodeTestsReward(RewardFn):
+    """Code (seed 003): the last fenced Python block of the response, run against the ground truth's tests
+    in the sandbox (`rlvr.code_rewards`); reward 1 when all pass (`fraction`: the fraction passed),
+    answer_reward 1 only when all pass. With `think`, the format also needs "</think>" before the block.
+
+    >>> code_tests_reward_fn("```python\\ndef f(x):\\n    return 2 * x\\n```\\n", code_answer(["assert f(2) == 4"], "f"))
+    {'reward': 1.0, 'format_reward': 1.0, 'answer_reward': 1.0}
+    """
+
+    def __init__(self, fraction: bool = False, think: bool = False, limits: SandboxLimits | None = None):
+        self.fraction, self.think, self.limits = fraction, think, limits
+        options = [o for o, on in (("think", think), ("fraction", fraction)) if on]
+        self.name = "code_tests" + (":" + ",".join(options) if options else "")
+
+    def extract(self, response: str) -> tuple[float, str | None]:
+        return extract_code(_as_text(response), self.think)
+
+    def plan(self, responses, ground_truths):
+        extracted = []
+        for response in responses:
+            try:
+                extracted.append(self.extract(response))
+            except Exception:
+                extracted.append((0.0, None))
+        outcome = grade_programs([p for _, p in extracted], list(ground_truths), self.limits)
+
+        def finish(_verdicts) -> list[Scores]:
+            out = []
+            for (fmt, _), (ok, n) in zip(extracted, outcome):
+                right = n > 0 and ok == n
+                out.append({"reward": ok / n if self.fraction and n else float(right), "format_reward": float(fmt),
+                            "answer_reward": float(right)})
+            return out
+
+        return [], finish
+
+
 r1_zero_reward_fn = R1ZeroReward()
 question_only_reward_fn = QuestionOnlyReward()
 answer_tag_reward_fn = AnswerTagReward()
+code_tests_reward_fn = CodeTestsReward()
 
 REWARD_FNS: dict[str, RewardFn] = {
     "r1_zero": r1_zero_reward_fn,
     "question_only": question_only_reward_fn,
     "answer_tag": answer_tag_reward_fn,
+    "code_tests": code_tests_reward_fn,
+    "code_tests:think": CodeTestsReward(think=True),
+    "code_tests:fraction": CodeTestsReward(fraction=True),
+    "code_tests:think,fraction": CodeTestsReward(fraction=True, think=True),
+    "code_format": FormatReward(code_tests_reward_fn),
 }
 
 
@@ -322,16 +371,20 @@ def score_batch(
         )
     responses = [_as_text(r) for r in responses]
     ground_truths = [_as_text(g) for g in ground_truths]
+    start, ran_before = time.perf_counter(), sandbox_stats()
     if isinstance(reward_fn, RewardFn):
-        pairs, finish = reward_fn.plan(responses, ground_truths)
+        pairs, finish = reward_fn.plan(responses, ground_truths)  # a code reward runs its programs here
         verdicts, counts = grade_pairs(pairs)
         scores = finish(verdicts)
     else:
-        start, before = time.perf_counter(), grading_stats()
+        before = grading_stats()
         scores = [reward_fn(r, g) for r, g in zip(responses, ground_truths)]
         after = grading_stats()
         counts = {key: after[key] - before[key] for key in after}
-        counts["seconds"] = time.perf_counter() - start
+    counts["seconds"] = time.perf_counter() - start
+    ran = {key: value - ran_before[key] for key, value in sandbox_stats().items()}
+    if ran["programs"]:  # programs run in the sandbox, by outcome (distinct programs: repeats run once)
+        counts.update({f"code_{key}": value for key, value in ran.items()})
     return scores, {f"grading/{key}": value for key, value in counts.items()}
 
 

@@ -1,4 +1,5 @@
-"""`rlvr sft`: supervised fine-tuning on worked solutions written in the r1_zero answer format.
+"""`rlvr sft`: supervised fine-tuning on worked solutions written in the prompt's answer format (the r1_zero
+format for math, a fenced Python block for code: `PromptTemplate.sft_response`).
 
 RL sharpens what a model sometimes does and rarely invents it (seed 002); SmolLM2-135M never writes the
 r1_zero format unprompted, so RL starts from this stage's checkpoint (seed 000). The loop reads top to
@@ -16,7 +17,7 @@ import torch
 
 from rlvr import checkpoint as ckpt
 from rlvr.config import SFTConfig
-from rlvr.data import DataOrder, load_split, r1_zero_response
+from rlvr.data import DataOrder, load_split
 from rlvr.hf_engine import HFEngine
 from rlvr.loop_common import (build_optimizer, fmt_metrics, load_policy, open_logger, restore, start_run,
                               trainer_state, validate)
@@ -40,6 +41,8 @@ def train_sft(cfg: SFTConfig) -> dict:
     prompt = get_prompt(cfg.prompt)
     train = load_split(cfg, "train", cfg.train_limit)
     val = load_split(cfg, "validation", cfg.eval_limit)
+    for ex in train:  # an example without a target (a code row without a solution) fails before the model loads
+        prompt.sft_response(ex)
     model, tokenizer, state = load_policy(cfg, run_dir)
     optimizer, scheduler = build_optimizer(model, cfg, cfg.steps)
     step, order = restore(state, optimizer, scheduler, DataOrder(len(train), f"sft-{cfg.seed}"))
@@ -62,7 +65,7 @@ def train_sft(cfg: SFTConfig) -> dict:
         for m in range(0, cfg.batch_size, cfg.microbatch_size):
             micro = batch[m : m + cfg.microbatch_size]
             tok = tokenize_prompt_and_output([prompt.format(ex.question, tokenizer) for ex in micro],
-                                             [r1_zero_response(ex) for ex in micro], tokenizer)
+                                             [prompt.sft_response(ex) for ex in micro], tokenizer)
             with autocast(cfg.precision):
                 out = get_response_log_probs(model, tok["input_ids"], tok["labels"], positions=tok["response_mask"],
                                              share_prefix=cfg.share_prefix)
