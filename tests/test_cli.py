@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from rlvr.cli import app
-from rlvr.config import DemoConfig, EvalConfig, SFTConfig, TrainConfig, load_config
+from rlvr.config import DemoConfig, DPOConfig, EvalConfig, SFTConfig, TrainConfig, load_config
 from rlvr.estimators import PRESETS
 from rlvr.sweep import LOCK, SweepConfig
 from rlvr.tracking import read_jsonl
@@ -53,7 +53,8 @@ def test_algorithms_lists_every_preset_with_its_choices():
     assert by_name["rft"]["advantage from"] == "correctness"
 
 
-CONFIGS = {"eval": EvalConfig, "sft": SFTConfig, "train": TrainConfig, "demo": DemoConfig, "sweep": SweepConfig}
+CONFIGS = {"eval": EvalConfig, "sft": SFTConfig, "train": TrainConfig, "dpo": DPOConfig, "demo": DemoConfig,
+           "sweep": SweepConfig}
 PLAIN = {"algorithms": [], "plot": ["--out", "--band"], "report": ["--out", "--band", "--rollouts", "--title"],
          "summary": ["--out"]}
 
@@ -78,7 +79,7 @@ def test_top_level_help_lists_every_command():
     result = CliRunner().invoke(app, ["--help"], env=WIDE)
     assert result.exit_code == 0
     commands = re.findall(r"^│ (\w+)\s{2,}", result.output, flags=re.MULTILINE)
-    assert commands == ["eval", "sft", "train", "demo", "algorithms", "sweep", "plot", "report", "summary"]
+    assert commands == ["eval", "sft", "train", "dpo", "demo", "algorithms", "sweep", "plot", "report", "summary"]
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -424,8 +424,10 @@ def test_readme_algorithm_table_matches_the_preset_table():
                "cispo": "capped"}
     for name, p in E.PRESETS.items():
         baseline, normalizer, weighting, aggregation, steps, signal = table[name][:6]
+        # on-policy distillation's advantage comes from the teacher, alone or added to the reward's
+        expected = "teacher" if p.advantage == "none" and p.distill else p.reward_signal + (" + teacher" if p.distill else "")
         assert (baseline, normalizer, aggregation, int(steps), signal) == (
-            p.baseline, p.advantage_normalizer, p.loss_normalization, p.steps_per_rollout, p.reward_signal), name
+            p.baseline, p.advantage_normalizer, p.loss_normalization, p.steps_per_rollout, expected), name
         assert weighting.startswith(methods[p.importance_reweighting_method]), name
         if p.cliprange is not None and p.importance_reweighting_method != "cispo":
             written = weighting.split("clip ")[-1].split(" ")[0]

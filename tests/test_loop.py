@@ -35,6 +35,12 @@ def test_every_preset_reaches_the_advantages_and_the_update(tmp_path, model_dir,
     advantage_calls, update_calls = [], []
     _spy(monkeypatch, "compute_advantages", advantage_calls)
     _spy(monkeypatch, "policy_gradient_update", update_calls)
+    if preset.distill:  # a teacher that differs from the student, or there is nothing to distil
+        from conftest import make_model, make_tokenizer
+
+        extra["teacher"] = str(tmp_path / "teacher")
+        make_model(len(make_tokenizer()), seed=11).save_pretrained(extra["teacher"])
+        make_tokenizer().save_pretrained(extra["teacher"])
     cfg = _cfg(model_dir, tmp_path / algorithm, algorithm=algorithm, steps=2, eval_every=0, eval_at_start=False,
                eval_at_end=False, **extra)
     from rlvr.models import load_model
@@ -46,7 +52,7 @@ def test_every_preset_reaches_the_advantages_and_the_update(tmp_path, model_dir,
     for args, kwargs in advantage_calls:
         _, group_size, spec = args
         assert (group_size, spec.advantage, spec.baseline, spec.advantage_normalizer, spec.advantage_eps) == (
-            cfg.group_size, "group", preset.baseline, preset.advantage_normalizer, 1e-6)
+            cfg.group_size, preset.advantage, preset.baseline, preset.advantage_normalizer, 1e-6)
     assert len(update_calls) == 2 * preset.steps_per_rollout
     for i, (args, kwargs) in enumerate(update_calls):
         _, _, batch, spec, accumulation, max_grad_norm = args

@@ -98,6 +98,10 @@ class EstimatorSpec:
     advantage: str = "group"  # a key of ADVANTAGES; "group" is seed 004's group normalisation
     advantage_eps: float = 1e-6
     normalization_constant: float | None = None  # Z of the "constant" aggregation (eq. 33)
+    # on-policy distillation (seeds 002, 003): weight of the per-token teacher signal added to the advantage
+    # (`estimators.distill_advantages`; needs `teacher=`), and its discount over later tokens
+    distill: float = 0.0
+    distill_discount: float = 0.0
     summary: str = ""
 
     def validate(self) -> "EstimatorSpec":
@@ -131,6 +135,11 @@ class EstimatorSpec:
             raise ValueError(f"advantage_eps must be >= 0; got {spec.advantage_eps}")
         if spec.normalization_constant is not None and spec.normalization_constant <= 0:
             raise ValueError(f"normalization_constant must be positive; got {spec.normalization_constant}")
+        if spec.distill < 0 or not 0 <= spec.distill_discount <= 1:
+            raise ValueError(f"distill must be >= 0 and distill_discount in [0, 1]; got {spec.distill}, "
+                             f"{spec.distill_discount}")
+        if spec.distill > 0 and method == "gspo":
+            raise ValueError("distill > 0 gives per-token advantages; gspo weights whole sequences and cannot take them")
         return spec
 
     @property
@@ -151,6 +160,12 @@ def group_normalized_advantages(raw_rewards: torch.Tensor, group_size: int, spec
     """Seed 004's group normalisation (eq. 14, 20, 25, 33, 34, 37) with the spec's baseline and normaliser."""
     return compute_group_normalized_rewards(raw_rewards, group_size, spec.baseline, spec.advantage_eps,
                                             spec.advantage_normalizer)
+
+
+@register_advantage("none")
+def no_reward_advantages(raw_rewards: torch.Tensor, group_size: int, spec: EstimatorSpec):
+    """No reward signal at all: pure on-policy distillation (`distill` > 0) learns from the teacher alone."""
+    return torch.zeros_like(raw_rewards, dtype=torch.float32).reshape(-1), {}
 
 
 def _seed_loss(method: str) -> PolicyLossFn:
@@ -216,6 +231,10 @@ PRESETS: dict[str, EstimatorSpec] = {
                                     summary="GSPO sequence-level geometric-mean ratio (eq. 62-65)"),
     "cispo": EstimatorSpec("mean", "std", "cispo", "sequence", cliprange=0.2, steps_per_rollout=_OFF,
                            summary="CISPO: capped, undifferentiated token weight (eq. 61)"),
+    "opd": EstimatorSpec("none", "none", "none", "token", advantage="none", distill=1.0,
+                         summary="on-policy distillation: per-token reverse KL to teacher= (seeds 002/003)"),
+    "opd_grpo": EstimatorSpec("mean", "std", "none", "token", distill=1.0,
+                              summary="on-policy distillation plus GRPO's group-normalised reward advantage"),
     "dapo": EstimatorSpec("mean", "std", "clip", "token", cliprange=0.2, cliprange_high=0.28, steps_per_rollout=_OFF,
                           mask_truncated_completions=True,
                           summary="DAPO: clip-higher, token-mean loss, truncated rollouts masked"),

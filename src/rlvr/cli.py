@@ -9,7 +9,8 @@ from pathlib import Path
 
 import typer
 
-from rlvr.config import ConfigError, DemoConfig, EvalConfig, SFTConfig, TrainConfig, fields_help, load_config
+from rlvr.config import (ConfigError, DemoConfig, DPOConfig, EvalConfig, SFTConfig, TrainConfig, fields_help,
+                         load_config)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -73,6 +74,12 @@ def sft_command(ctx: typer.Context, config: Path = ConfigOption):
              help="RL training (GRPO and every preset of `rlvr algorithms`).\n\n" + fields_help(TrainConfig))
 def train_command(ctx: typer.Context, config: Path = ConfigOption):
     _run(TrainConfig, config, ctx, "rlvr.rl", "train_grpo")
+
+
+@app.command("dpo", context_settings=_EXTRA,
+             help="DPO on preference pairs from graded rollouts or a JSONL.\n\n" + fields_help(DPOConfig))
+def dpo_command(ctx: typer.Context, config: Path = ConfigOption):
+    _run(DPOConfig, config, ctx, "rlvr.dpo", "train_dpo")
 
 
 @app.command("demo", context_settings=_EXTRA,

@@ -301,6 +301,10 @@ class TrainConfig(TrainingFields):
     mask_truncated_completions: bool | None = None
     reward_signal: str | None = Field(
         None, description="reward | correctness: what advantages are computed from (rft, maxrl: correctness)")
+    distill: float | None = Field(None, ge=0, description="weight of the per-token teacher signal log p_teacher - "
+                                  "log p_student (algorithm=opd: 1 with no reward advantage)")
+    distill_discount: float | None = Field(None, ge=0, le=1, description="0: per-token reverse KL; 1: sequence-level")
+    teacher: str | None = Field(None, description="teacher model for on-policy distillation (same tokenizer)")
     # rewards: {name: weight}; names are reward functions (r1_zero, question_only, answer_tag, code_tests) or
     # "format" (the prompt's reward function's format reward)
     rewards: dict[str, float] | None = Field(None, description="weighted rewards, e.g. {r1_zero: 1.0, format: 0.2} "
@@ -331,6 +335,9 @@ class TrainConfig(TrainingFields):
             object.__setattr__(self, "normalization_constant", float(self.train_batch_size * self.max_new_tokens))
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError("min_new_tokens must not exceed max_new_tokens")
+        if self.distill and not self.teacher:
+            raise ValueError(f"algorithm={self.algorithm} distills from a teacher (distill={self.distill}): set "
+                             "teacher=<model path or name>")
         altered = [f"{name}={getattr(self, name)}" for name, neutral in
                    (("top_p", 1.0), ("repetition_penalty", 1.0), ("min_new_tokens", 0)) if getattr(self, name) != neutral]
         if altered:
@@ -350,6 +357,33 @@ class TrainConfig(TrainingFields):
         from rlvr.algorithms import CHOICES, get_preset
 
         return dataclasses.replace(get_preset(self.algorithm), **{name: getattr(self, name) for name in CHOICES})
+
+
+class DPOConfig(TrainingFields):
+    """`rlvr dpo`: DPO with a frozen reference (the starting model) on preference pairs, either built each step
+    from the policy's own rollouts graded by the verifier (a right and a wrong answer to one question) or
+    read from a JSONL of {question, chosen, rejected}."""
+
+    out: str = "runs/dpo"
+    steps: int = Field(20, ge=1, description="optimizer steps")
+    beta: float = Field(0.1, gt=0, description="DPO's beta: the strength of the pull toward the reference")
+    pairs: str = Field("rollouts", description="rollouts (built each step) | path to a JSONL with question, "
+                       "chosen, rejected")
+    questions_per_step: int = Field(8, ge=1, description="rollouts: questions sampled per step")
+    group_size: int = Field(8, ge=2, description="rollouts: samples per question to find a right and a wrong one")
+    pairs_per_question: int = Field(1, ge=1, description="rollouts: at most this many (right, wrong) pairs each")
+    batch_size: int = Field(8, ge=1, description="JSONL pairs: pairs per optimizer step")
+    temperature: float = Field(1.0, gt=0)
+    max_new_tokens: int = Field(256, ge=1)
+    learning_rate: float = Field(5e-6, gt=0)
+    log_rollouts_every: int = Field(5, ge=0, description="append the step's pairs to pairs.jsonl every N steps")
+
+    @model_validator(mode="after")
+    def _check(self):
+        _check_eval_sampling(self)
+        if self.pairs != "rollouts" and not self.pairs.endswith(".jsonl"):
+            raise ValueError(f"pairs={self.pairs!r}: expected 'rollouts' or a .jsonl path")
+        return self
 
 
 class DemoConfig(BaseConfig):

@@ -77,14 +77,15 @@ def _check_shape(argument: str, tensor: torch.Tensor, shape: torch.Size, referen
         )
 
 
-def _per_rollout_column(values: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """(B,) or (B, 1) -> (B, 1), so one scalar per rollout broadcasts over its tokens."""
+def _per_rollout_column(values: torch.Tensor, batch_size: int, tokens: int | None = None) -> torch.Tensor:
+    """(B,) or (B, 1) -> (B, 1), so one scalar per rollout broadcasts over its tokens; (B, T) per-token
+    advantages (on-policy distillation) pass through."""
     if values.dim() == 1:
         values = values.unsqueeze(-1)
-    if values.dim() != 2 or values.shape != (batch_size, 1):
+    if values.dim() != 2 or values.shape[0] != batch_size or values.shape[1] not in (1, tokens):
         raise ValueError(
-            f"raw_rewards_or_advantages has shape {tuple(values.shape)}; expected ({batch_size},) or "
-            f"({batch_size}, 1) to match policy_log_probs' batch size"
+            f"raw_rewards_or_advantages has shape {tuple(values.shape)}; expected ({batch_size},), "
+            f"({batch_size}, 1) or per token ({batch_size}, {tokens}) to match policy_log_probs"
         )
     return values
 
@@ -275,7 +276,8 @@ def compute_policy_gradient_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token loss (B, T) whose gradient, once aggregated, is minus the policy-gradient estimator.
 
-    raw_rewards_or_advantages: (B,) or (B, 1), one scalar A per rollout.
+    raw_rewards_or_advantages: (B,) or (B, 1), one scalar A per rollout, or (B, T), one per token
+    (on-policy distillation's `distill_advantages`; not with gspo, whose ratio is per sequence).
     policy_log_probs, old_log_probs, response_mask: (B, T). Returns the NEGATIVE objective, so gradient
     descent ascends it. With w_t = pi_theta / pi_old at each token (eps = cliprange, eps_high =
     cliprange_high or cliprange):
@@ -300,7 +302,8 @@ def compute_policy_gradient_loss(
     if policy_log_probs.dim() != 2:
         raise ValueError(f"policy_log_probs must have shape (B, T); got {tuple(policy_log_probs.shape)}")
     batch = policy_log_probs.shape[0]
-    advantages = _per_rollout_column(raw_rewards_or_advantages, batch).to(policy_log_probs.dtype)
+    advantages = _per_rollout_column(raw_rewards_or_advantages, batch, policy_log_probs.shape[1]).to(
+        policy_log_probs.dtype)
     if response_mask is not None:
         _check_shape("response_mask", response_mask, policy_log_probs.shape, "policy_log_probs")
         response_mask = response_mask.bool()
@@ -326,6 +329,8 @@ def compute_policy_gradient_loss(
     mask = response_mask if response_mask is not None else torch.ones_like(policy_log_probs, dtype=torch.bool)
     log_ratio = policy_log_probs - old_log_probs.to(policy_log_probs.dtype)
 
+    if importance_reweighting_method == "gspo" and advantages.shape[1] != 1:
+        raise ValueError("gspo weights whole sequences: it needs one advantage per rollout, not per token")
     if importance_reweighting_method == "gspo":
         # an empty response has no tokens to average: its log-ratio is taken as 0 (ratio 1) instead of 0/0,
         # and it is left out of the statistics, which are over sequences
@@ -366,6 +371,68 @@ def compute_policy_gradient_loss(
 
 # ----------------------------------------------------------------------------------------------------
 # Aggregation over tokens and sequences.
+
+
+def distill_advantages(student_log_probs: torch.Tensor, teacher_log_probs: torch.Tensor,
+                       response_mask: torch.Tensor, discount: float = 0.0) -> torch.Tensor:
+    """Per-token advantages (B, T) of on-policy distillation (seeds 002, 003): the student sampled the
+    tokens, the teacher scored them, and each token's signal is the (detached) log-ratio
+    r_t = log p_teacher(y_t | y_<t) - log p_student(y_t | y_<t), summed over the tokens after it with
+    `discount` gamma: A_t = sum_{t' >= t} gamma^(t'-t) r_t' (0 outside the response).
+
+    With the "none" policy loss (-A_t log pi(y_t)), the expected gradient is exactly
+      gamma = 0: minus the gradient of the per-token reverse KL, sum_t E_{y<t ~ pi}[KL(pi(.|y<t) || p_teacher(.|y<t))],
+                 at the states the student visits (the usual on-policy distillation signal; dense, low variance);
+      gamma = 1: minus the gradient of the sequence-level reverse KL, KL(pi(y) || p_teacher(y)), which also
+                 credits a token with the divergence it leads to later.
+    (tests/test_distill.py checks both by exact enumeration.)
+
+    >>> s = torch.log(torch.tensor([[0.5, 0.5]])); t = torch.log(torch.tensor([[0.25, 1.0]]))
+    >>> distill_advantages(s, t, torch.tensor([[True, True]]), discount=1.0)
+    tensor([[0.0000, 0.6931]])
+    """
+    _check_shape("teacher_log_probs", teacher_log_probs, student_log_probs.shape, "student_log_probs")
+    _check_shape("response_mask", response_mask, student_log_probs.shape, "student_log_probs")
+    if not 0.0 <= discount <= 1.0:
+        raise ValueError(f"discount must be in [0, 1]; got {discount}")
+    mask = response_mask.bool()
+    ratio = (teacher_log_probs.float() - student_log_probs.float()).detach().masked_fill(~mask, 0.0)
+    if discount == 0.0:
+        return ratio
+    out = torch.zeros_like(ratio)
+    running = torch.zeros(ratio.shape[0])
+    for t in range(ratio.shape[1] - 1, -1, -1):
+        running = ratio[:, t] + discount * running
+        out[:, t] = running
+    return out.masked_fill(~mask, 0.0)
+
+
+def dpo_loss(policy_chosen_log_probs: torch.Tensor, policy_rejected_log_probs: torch.Tensor,
+             reference_chosen_log_probs: torch.Tensor, reference_rejected_log_probs: torch.Tensor,
+             beta: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """DPO (seed 004's optional part; Rafailov et al. 2023), per pair (P,): from each response's summed
+    log-prob under the policy and the frozen reference,
+
+        r_c = beta (log pi(y_c) - log pi_ref(y_c)),  r_r = beta (log pi(y_r) - log pi_ref(y_r))
+        loss = -log sigmoid(r_c - r_r)
+
+    r_c and r_r are the implicit rewards; d loss / d log pi(y_c) = -beta sigmoid(r_r - r_c) = -d loss / d log pi(y_r).
+    Returns the per-pair loss (P,) and metadata: the rewards' means, the margin r_c - r_r and the
+    accuracy (share of pairs with r_c > r_r).
+
+    >>> z = torch.zeros(1); loss, meta = dpo_loss(z, z, z, z, beta=0.1)
+    >>> round(float(loss[0]), 4), float(meta["accuracy"])  # log 2 when the policy is the reference
+    (0.6931, 0.0)
+    """
+    if beta <= 0:
+        raise ValueError(f"DPO needs beta > 0; got {beta}")
+    chosen = beta * (policy_chosen_log_probs - reference_chosen_log_probs.detach())
+    rejected = beta * (policy_rejected_log_probs - reference_rejected_log_probs.detach())
+    margin = chosen - rejected
+    loss = -torch.nn.functional.logsigmoid(margin)
+    meta = {"rewards_chosen": chosen.detach().mean(), "rewards_rejected": rejected.detach().mean(),
+            "margin": margin.detach().mean(), "accuracy": (margin.detach() > 0).float().mean()}
+    return loss, meta
 
 
 def aggregate_loss_across_microbatch(

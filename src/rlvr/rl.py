@@ -3,6 +3,7 @@
     for step in 1..steps:
         rollouts   <- G samples for each of the next questions, from the engine (weights synced)  Rollouts
         scored     <- rewards, advantages over the whole rollout batch, tokens                   TrainBatch
+        [teacher log-probs -> per-token advantages]                                (distill > 0: opd)
         [old log-probs of train batches 2..k, once, before the first update]      (off-policy)
         [reference log-probs]                                                      (beta > 0)
         for each of the k = steps_per_rollout train batches: one policy_gradient_update
@@ -29,6 +30,7 @@ from rlvr import checkpoint as ckpt
 from rlvr.algorithms import EstimatorSpec, compute_advantages
 from rlvr.config import TrainConfig, sampling_params
 from rlvr.data import DataOrder, Example, load_split
+from rlvr.estimators import distill_advantages
 from rlvr.evaluate import pass_at_k
 from rlvr.hf_engine import HFEngine
 from rlvr.loop_common import build_optimizer, load_policy, open_logger, restore, start_run, trainer_state, validate
@@ -175,7 +177,7 @@ def train_on_rollouts(model, optimizer, scheduler, reference, batch: TrainBatch,
     splits = [rows[i * cfg.train_batch_size : (i + 1) * cfg.train_batch_size] for i in range(k)]
     with _timed(times, "old_logprobs"):
         if spec.needs_old_log_probs and k > 1:  # before any update; the first train batch uses the live policy
-            later = [r for s in splits[1:] for r in s if spec.beta > 0 or batch.advantages[r] != 0]
+            later = [r for s in splits[1:] for r in s if spec.beta > 0 or batch.has_signal(r)]
             batch.old_log_probs = score_log_probs(model, batch.input_ids, batch.labels, batch.response_mask,
                                                   cfg.microbatch_size, cfg.precision, rows=later,
                                                   share_prefix=cfg.share_prefix, temperature=cfg.temperature)
@@ -218,6 +220,7 @@ def train_grpo(cfg: TrainConfig) -> dict:
     model, tokenizer, state = load_policy(cfg, run_dir)
     optimizer, scheduler = build_optimizer(model, cfg, cfg.steps * spec.steps_per_rollout)
     reference = _reference_model(cfg)
+    teacher = _teacher_model(cfg, tokenizer)
     monitor = RunMonitor(cfg.max_new_tokens)
     step, order = restore(state, optimizer, scheduler, DataOrder(len(train), f"grpo-{cfg.seed}"))
     if state is not None:
@@ -240,9 +243,11 @@ def train_grpo(cfg: TrainConfig) -> dict:
             rollouts = collect_rollouts(engine, model, train, order, prompt, tokenizer, cfg, step)
         with _timed(times, "score"):
             scored = score_rollouts(rollouts, reward_fn, spec, cfg, tokenizer)
+        with _timed(times, "teacher"):
+            distilled = distill_from_teacher(scored.batch, model, teacher, spec, cfg) if teacher is not None else {}
         updates = train_on_rollouts(model, optimizer, scheduler, reference, scored.batch, spec, cfg, step, times)
 
-        metrics = _step_metrics(cfg, rollouts, scored, updates, times, scheduler)
+        metrics = {**_step_metrics(cfg, rollouts, scored, updates, times, scheduler), **distilled}
         if cfg.eval_every and step % cfg.eval_every == 0 or (step == cfg.steps and cfg.eval_at_end):
             with _timed(times, "validate"):
                 val_metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
@@ -276,6 +281,43 @@ def finished_validation(summary: dict) -> str:
     return f"validation accuracy {summary['val/accuracy']:.3f}, format rate {summary['val/format_rate']:.3f}"
 
 
+def distill_from_teacher(batch: TrainBatch, model, teacher, spec: EstimatorSpec, cfg: TrainConfig) -> dict:
+    """On-policy distillation: the teacher scores every token the student sampled, and the batch's
+    advantages become per token, A_t = A_reward + distill * sum_t' gamma^(t'-t) (log p_teacher - log p_student)
+    (`estimators.distill_advantages`). The student is scored at the sampling temperature, as the policy
+    gradient scores it; the teacher at temperature 1, its own distribution. Returns the step's metrics."""
+    args = (batch.input_ids, batch.labels, batch.response_mask, cfg.microbatch_size, cfg.precision)
+    student = score_log_probs(model, *args, share_prefix=cfg.share_prefix, temperature=cfg.temperature)
+    teacher_lp = score_log_probs(teacher, *args, share_prefix=cfg.share_prefix, temperature=1.0)
+    mask = batch.response_mask
+    per_token = distill_advantages(student, teacher_lp, mask, spec.distill_discount)
+    batch.advantages = (batch.advantages.unsqueeze(-1) * mask + spec.distill * per_token).masked_fill(~mask, 0.0)
+    gap = (student - teacher_lp).masked_fill(~mask, 0.0)  # log p_student - log p_teacher of the sampled tokens
+    tokens = max(int(mask.sum()), 1)
+    rows = mask.any(dim=1)
+    return {"train/teacher_reverse_kl": float(gap.sum()) / tokens,  # per token (k1 estimate, on-policy)
+            "train/teacher_reverse_kl_per_sequence": float(gap.sum(dim=1)[rows].mean()) if rows.any() else 0.0,
+            "train/teacher_log_prob": float(teacher_lp.masked_fill(~mask, 0.0).sum()) / tokens}
+
+
+def _teacher_model(cfg: TrainConfig, tokenizer):
+    """The frozen teacher of on-policy distillation; it must share the student's tokenizer (the signal
+    compares the two models' log-probs of the same token ids)."""
+    if not cfg.teacher:
+        return None
+    from rlvr.models import load_model
+
+    teacher, teacher_tokenizer = load_model(cfg.teacher)
+    if teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise ValueError(f"teacher={cfg.teacher!r} and model={cfg.model!r} have different tokenizers "
+                         f"({len(teacher_tokenizer)} vs {len(tokenizer)} tokens); on-policy distillation "
+                         "compares log-probs of the same token ids, so they must share one")
+    teacher.eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher
+
+
 def _reference_model(cfg: TrainConfig):
     """A frozen copy of the starting policy (`model=`, also after a resume) for the KL term; with LoRA the
     adapter-free base serves."""
@@ -305,9 +347,17 @@ def _rollout_rows(rollouts: Rollouts, scored: Scored) -> list[dict]:
     truths = rollouts.truths
     return [{"question": rollouts.questions[c.prompt_index].question, "ground_truth": truths[j], "response": c.text,
              "reward": scored.scores[j]["reward"], "format_reward": scored.scores[j]["format_reward"],
-             "answer_reward": scored.scores[j]["answer_reward"], "advantage": float(scored.batch.advantages[j]),
+             "answer_reward": scored.scores[j]["answer_reward"], "advantage": _row_advantage(scored.batch, j),
              "tokens": len(c.token_ids), "finish_reason": c.finish_reason, "sample_index": c.sample_index}
             for j, c in enumerate(rollouts.completions)]
+
+
+def _row_advantage(batch: TrainBatch, row: int) -> float:
+    """A rollout's advantage; for per-token advantages (distillation), their mean over its response."""
+    if batch.advantages.dim() == 1:
+        return float(batch.advantages[row])
+    mask = batch.response_mask[row]
+    return float(batch.advantages[row][mask].mean()) if mask.any() else 0.0
 
 
 def _group_pass_at_k(correct: list[float], group_size: int) -> dict[str, float]:

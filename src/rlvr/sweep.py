@@ -1,4 +1,4 @@
-"""Sweeps of `rlvr train` runs: the sweep file, its grid, the plan, and the runs as child processes, N at a
+"""Sweeps of `rlvr train` (or, with `command: dpo`, `rlvr dpo`) runs: the sweep file, its grid, the plan, and the runs as child processes, N at a
 time, stopped cleanly on Ctrl-C. Reading the finished runs back (summaries, plots, reports) is rlvr.runs.
 
 A sweep file (sweeps/*.yaml):
@@ -47,7 +47,10 @@ import yaml
 from pydantic import Field
 
 from rlvr import checkpoint as ckpt
-from rlvr.config import BaseConfig, ConfigError, TrainConfig, load_config, parse_overrides
+from rlvr.config import BaseConfig, ConfigError, DPOConfig, TrainConfig, load_config, parse_overrides
+
+# the command each run of a sweep is, and the config class its fields belong to
+COMMANDS = {"train": TrainConfig, "dpo": DPOConfig}
 from rlvr.runs import fmt_value, freeze, metric_series
 from rlvr.tracking import read_jsonl
 
@@ -60,6 +63,7 @@ class SweepConfig(BaseConfig):
     """A sweep file. Command-line overrides may also set any TrainConfig field for every run (steps=5)."""
 
     name: str | None = Field(None, description="default: the sweep file's stem")
+    command: str = Field("train", description="what each run is: train (rlvr train) | dpo (rlvr dpo)")
     base: str | dict[str, Any] = Field({}, description="train config path or TrainConfig fields")
     grid: dict[str, list[Any]] = Field({}, description="field -> list of values")
     out: str | None = Field(None, description="root directory of the runs (default runs/sweeps/<name>)")
@@ -81,6 +85,11 @@ class Sweep:
     base_path: Path | None
     base_fields: dict[str, Any]
     grid: dict[str, list[Any]]
+    command: str = "train"
+
+    @property
+    def config_class(self):
+        return COMMANDS[self.command]
 
 
 @dataclass
@@ -88,9 +97,10 @@ class PlannedRun:
     name: str
     path: Path
     values: dict[str, Any]
-    config: TrainConfig
+    config: BaseConfig  # the run's TrainConfig (or DPOConfig for command: dpo)
     status: str = "new"
     detail: str = ""
+    command: str = "train"
 
 
 def expand_grid(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -126,19 +136,22 @@ def load_sweep(path: str | Path, overrides: list[str] | dict | None = None) -> S
     extra = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
     sweep_keys = {k: v for k, v in extra.items() if k in SweepConfig.model_fields}
     train_keys = {k: v for k, v in extra.items() if k not in SweepConfig.model_fields}
-    bad = [k for k in train_keys if k not in TrainConfig.model_fields or k == "resume"]
+    cfg = load_config(SweepConfig, path, sweep_keys)
+    if cfg.command not in COMMANDS:
+        raise ConfigError(f"{path}: field 'command': {cfg.command!r} is not one of {', '.join(COMMANDS)}")
+    fields = COMMANDS[cfg.command].model_fields
+    bad = [k for k in train_keys if k not in fields or k == "resume"]
     if bad:
         raise ConfigError(f"command line: unknown field(s) {', '.join(map(repr, bad))}; valid: the sweep fields "
-                          f"{', '.join(SweepConfig.model_fields)} or any `rlvr train` field except resume")
-    cfg = load_config(SweepConfig, path, sweep_keys)
+                          f"{', '.join(SweepConfig.model_fields)} or any `rlvr {cfg.command}` field except resume")
     base = {"config": cfg.base} if isinstance(cfg.base, str) else dict(cfg.base)
     raw_path = base.pop("config", None)
     base_path = _resolve_base_path(str(raw_path), path) if raw_path else None
     for where, keys in (("base", base), ("grid", cfg.grid)):
-        unknown = [k for k in keys if k not in TrainConfig.model_fields]
+        unknown = [k for k in keys if k not in fields]
         if unknown:
             raise ConfigError(f"{path}: {where}: unknown field(s) {', '.join(map(repr, unknown))}; valid fields: "
-                              f"{', '.join(TrainConfig.model_fields)}")
+                              f"{', '.join(fields)}")
     for k, values in cfg.grid.items():
         if k in ("out", "resume"):
             raise ConfigError(f"{path}: grid: field {k!r} cannot be swept (the sweep sets it for each run)")
@@ -149,10 +162,10 @@ def load_sweep(path: str | Path, overrides: list[str] | dict | None = None) -> S
     name = cfg.name or path.stem
     return Sweep(source=path, name=name, out=Path(cfg.out or f"runs/sweeps/{name}"), parallel=cfg.parallel,
                  dry_run=cfg.dry_run, report=cfg.report, prune_checkpoints=cfg.prune_checkpoints,
-                 base_path=base_path, base_fields={**base, **train_keys}, grid=cfg.grid)
+                 base_path=base_path, base_fields={**base, **train_keys}, grid=cfg.grid, command=cfg.command)
 
 
-def _check_names(cfg: TrainConfig) -> None:
+def _check_names(cfg: BaseConfig) -> None:
     """What TrainConfig leaves to run time but costs nothing to check now: the prompt and the dataset."""
     from rlvr.data import load_split
     from rlvr.prompts import get_prompt
@@ -178,14 +191,14 @@ def build_configs(sweep: Sweep) -> list[PlannedRun]:
         seen[name] = values
         path = sweep.out / name
         try:
-            cfg = load_config(TrainConfig, sweep.base_path,
+            cfg = load_config(sweep.config_class, sweep.base_path,
                               {**sweep.base_fields, **values, "out": str(path), "resume": False})
             if (cfg.prompt, cfg.dataset) not in checked:
                 _check_names(cfg)
                 checked.add((cfg.prompt, cfg.dataset))
         except ConfigError as err:
             raise ConfigError(f"{sweep.source}: run {name}: {err}") from None
-        runs.append(PlannedRun(name, path, values, cfg))
+        runs.append(PlannedRun(name, path, values, cfg, command=sweep.command))
     return runs
 
 
@@ -207,7 +220,7 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def _config_changes(run_dir: Path, cfg: TrainConfig) -> list[str]:
+def _config_changes(run_dir: Path, cfg: BaseConfig) -> list[str]:
     path = run_dir / "config.yaml"
     if not path.is_file():
         return []
@@ -217,7 +230,7 @@ def _config_changes(run_dir: Path, cfg: TrainConfig) -> list[str]:
             for k in new if k in old and k not in ("out", "resume") and freeze(old[k]) != freeze(new[k])]
 
 
-def run_status(run_dir: Path, cfg: TrainConfig) -> tuple[str, str]:
+def run_status(run_dir: Path, cfg: BaseConfig) -> tuple[str, str]:
     """(status, detail) of one planned run from what its directory holds; see the module docstring."""
     lock = run_dir / LOCK
     if lock.is_file():
@@ -351,7 +364,7 @@ def _start(run: PlannedRun, index: int, total: int, env: dict, echo: Callable[[s
     log = log_path.open("a", encoding="utf-8")
     log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} sweep: {run.status} ===\n")
     log.flush()
-    proc = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", "--config", str(launch)],
+    proc = subprocess.Popen([sys.executable, "-m", "rlvr.cli", run.command, "--config", str(launch)],
                             stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL,
                             preexec_fn=_default_sigint if os.name == "posix" else None)
     (run.path / LOCK).write_text(json.dumps({"pid": proc.pid, "sweep_pid": os.getpid()}), encoding="utf-8")

@@ -36,8 +36,9 @@ class NonFiniteLoss(RuntimeError):
 
 @dataclasses.dataclass
 class TrainBatch:
-    """Scored rollouts ready for an update: (N, T) token tensors, (N,) advantages, and the log-probs of the
-    sampling policy (off-policy) and of the reference (KL term) when the estimator needs them."""
+    """Scored rollouts ready for an update: (N, T) token tensors, advantages (N,) -- or (N, T), one per token
+    (on-policy distillation) -- and the log-probs of the sampling policy (off-policy) and of the reference
+    (KL term) when the estimator needs them."""
 
     input_ids: torch.Tensor
     labels: torch.Tensor
@@ -48,8 +49,10 @@ class TrainBatch:
 
     def __post_init__(self):
         n = self.input_ids.shape[0]
-        if not (self.labels.shape == self.response_mask.shape == self.input_ids.shape) or self.advantages.shape != (n,):
-            raise ValueError("input_ids, labels, response_mask must share one (N, T) shape and advantages be (N,)")
+        if not (self.labels.shape == self.response_mask.shape == self.input_ids.shape) or (
+                self.advantages.shape not in ((n,), self.labels.shape)):
+            raise ValueError("input_ids, labels, response_mask must share one (N, T) shape and advantages be (N,) "
+                             "or (N, T)")
         for name in ("old_log_probs", "reference_log_probs"):
             value = getattr(self, name)
             if value is not None and value.shape != self.labels.shape:
@@ -58,6 +61,14 @@ class TrainBatch:
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+    def has_signal(self, row: int) -> bool:
+        """Whether the row's advantage is nonzero anywhere (a zero-advantage row has zero gradient)."""
+        return bool((self.advantages[row] != 0).any())
+
+    def advantage_columns(self, idx: torch.Tensor, width: int) -> torch.Tensor:
+        """The advantages of rows `idx` for a microbatch trimmed to `width` columns."""
+        return self.advantages[idx] if self.advantages.dim() == 1 else self.advantages[idx, :width]
 
     def rows(self, index) -> "TrainBatch":
         index = torch.as_tensor(index)
@@ -180,7 +191,7 @@ def policy_gradient_update(
     # zero gradient; skipping it keeps the step the same and cannot leave a microbatch with nothing to
     # differentiate.
     has_tokens = mask_all.any(dim=1)
-    kept = [i for i in range(n) if has_tokens[i] and (spec.beta > 0 or batch.advantages[i] != 0)]
+    kept = [i for i in range(n) if has_tokens[i] and (spec.beta > 0 or batch.has_signal(i))]
     widths = _row_widths(mask_all)
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
@@ -201,7 +212,7 @@ def policy_gradient_update(
             raise NonFiniteLoss("the policy's log-probs are NaN/inf (diverged weights?); step skipped, gradients cleared")
         old = log_probs.detach() if on_policy_ratio else (
             batch.old_log_probs[idx, :w].to(log_probs.dtype) if batch.old_log_probs is not None else None)
-        per_token, meta = policy_loss(spec, batch.advantages[idx], log_probs, old, mask)
+        per_token, meta = policy_loss(spec, batch.advantage_columns(idx, w), log_probs, old, mask)
         kl = None
         if spec.beta > 0:
             kl = kl_penalty(log_probs, batch.reference_log_probs[idx, :w].to(log_probs.dtype), spec.kl_estimator)

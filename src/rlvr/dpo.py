@@ -1,0 +1,226 @@
+"""`rlvr dpo`: Direct Preference Optimization (seed 004's optional part) with a frozen reference model.
+
+Pairs come from the verifier (`pairs=rollouts`, the default): each step the policy samples `group_size`
+answers to each of `questions_per_step` questions, the reward function grades them, and a right and a wrong
+answer to the same question make a pair (questions whose answers are all right or all wrong give none):
+online DPO, the preference-learning counterpart of GRPO at the same rollout cost. Or they come from a JSONL
+(`pairs=file.jsonl`, rows {"question", "chosen", "rejected"}). The loop reads top to bottom:
+
+    pairs -> reference log-probs (no grad, once per step) -> microbatched DPO loss (`estimators.dpo_loss`)
+    -> clip -> AdamW step -> log -> validate -> checkpoint
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from rlvr import checkpoint as ckpt
+from rlvr.config import DPOConfig
+from rlvr.data import DataError, DataOrder, Example, load_split
+from rlvr.estimators import dpo_loss
+from rlvr.hf_engine import HFEngine
+from rlvr.loop_common import (build_optimizer, fmt_metrics, load_policy, open_logger, restore, start_run,
+                              trainer_state, validate)
+from rlvr.policy import autocast, get_response_log_probs, tokenize_prompt_and_output
+from rlvr.prompts import PromptTemplate, get_prompt
+from rlvr.rewards import get_reward_fn, rewards_and_metadata, score_batch
+from rlvr.rollout import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    """A preference: for this question, `chosen` is better than `rejected`."""
+
+    question: str
+    chosen: str
+    rejected: str
+    id: str = ""
+
+
+def load_pairs(path: str | Path) -> list[Pair]:
+    """Pairs from a JSONL of {"question", "chosen", "rejected"} (strings); a bad line names file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    pairs = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+        for field in ("question", "chosen", "rejected"):
+            if not isinstance(row, dict) or not isinstance(row.get(field), str) or not row[field].strip():
+                raise DataError(f"{path}:{lineno}: field {field!r} must be a non-empty string")
+        pairs.append(Pair(row["question"], row["chosen"], row["rejected"], id=f"{path.stem}:{lineno}"))
+    if not pairs:
+        raise DataError(f"{path}: no pairs (the file is empty)")
+    return pairs
+
+
+def rollout_pairs(engine, questions: list[Example], prompt: PromptTemplate, reward_fn, cfg: DPOConfig, step: int,
+                  tokenizer) -> tuple[list[Pair], dict]:
+    """Sample `group_size` answers per question, grade them, and pair right answers with wrong ones."""
+    sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, stop=prompt.stop,
+                              n=cfg.group_size, seed=cfg.seed * 1_000_003 + step)
+    completions = engine.generate([prompt.format(q.question, tokenizer) for q in questions], sampling)
+    truths = [questions[c.prompt_index].answer for c in completions]
+    scores, grading = score_batch(reward_fn, [c.text for c in completions], truths)
+    _, meta = rewards_and_metadata(scores, grading)
+    right: dict[int, list[str]] = {}
+    wrong: dict[int, list[str]] = {}
+    for c, s in zip(completions, scores):
+        bucket = right if s["answer_reward"] > 0 else wrong
+        if c.text not in bucket.setdefault(c.prompt_index, []):  # the same text twice is no extra evidence
+            bucket[c.prompt_index].append(c.text)
+    pairs = []
+    for i, q in enumerate(questions):
+        for chosen, rejected in list(zip(right.get(i, []), wrong.get(i, [])))[: cfg.pairs_per_question]:
+            pairs.append(Pair(q.question, chosen, rejected, id=q.id))
+    metrics = {"train/reward": meta["reward_mean"], "train/answer_reward": meta["answer_reward_mean"],
+               "train/format_reward": meta["format_reward_mean"], "train/pairs": len(pairs),
+               "train/questions_with_pair": len({p.id for p in pairs}) / len(questions),
+               **{k: v for k, v in meta.items() if k.startswith("grading/") and k != "grading/seconds"}}
+    return pairs, metrics
+
+
+def _sequence_log_probs(model, prompts: list[str], responses: list[str], tokenizer, cfg: DPOConfig):
+    """Summed log-prob of each response given its prompt, (P,), with gradient when enabled."""
+    tok = tokenize_prompt_and_output(prompts, responses, tokenizer)
+    with autocast(cfg.precision):
+        out = get_response_log_probs(model, tok["input_ids"], tok["labels"], positions=tok["response_mask"],
+                                     share_prefix=cfg.share_prefix)
+    return (out["log_probs"].float() * tok["response_mask"]).sum(dim=-1)
+
+
+def _reference_log_probs(reference, model, pairs: list[Pair], prompt, tokenizer, cfg: DPOConfig):
+    """(chosen, rejected) summed log-probs under the frozen reference, (P,) each."""
+    prompts = [prompt.format(p.question, tokenizer) for p in pairs]
+    chosen, rejected = [], []
+    with torch.no_grad():
+        for m in range(0, len(pairs), cfg.microbatch_size):
+            sl = slice(m, m + cfg.microbatch_size)
+            if reference is None:  # LoRA: the adapter-free base is the reference
+                with model.disable_adapter():
+                    chosen.append(_sequence_log_probs(model, prompts[sl], [p.chosen for p in pairs[sl]], tokenizer, cfg))
+                    rejected.append(_sequence_log_probs(model, prompts[sl], [p.rejected for p in pairs[sl]], tokenizer, cfg))
+            else:
+                chosen.append(_sequence_log_probs(reference, prompts[sl], [p.chosen for p in pairs[sl]], tokenizer, cfg))
+                rejected.append(_sequence_log_probs(reference, prompts[sl], [p.rejected for p in pairs[sl]], tokenizer, cfg))
+    return torch.cat(chosen), torch.cat(rejected)
+
+
+def dpo_update(model, optimizer, reference, pairs: list[Pair], prompt, tokenizer, cfg: DPOConfig) -> dict:
+    """One optimizer step of the mean DPO loss over `pairs`, in microbatches of pairs (chosen and
+    rejected of a pair are always scored in the same microbatch)."""
+    ref_chosen, ref_rejected = _reference_log_probs(reference, model, pairs, prompt, tokenizer, cfg)
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    totals = {"loss": 0.0, "rewards_chosen": 0.0, "rewards_rejected": 0.0, "margin": 0.0, "accuracy": 0.0}
+    per_mb = max(1, cfg.microbatch_size // 2)
+    for m in range(0, len(pairs), per_mb):
+        mb = pairs[m : m + per_mb]
+        prompts = [prompt.format(p.question, tokenizer) for p in mb]
+        logps = _sequence_log_probs(model, prompts + prompts, [p.chosen for p in mb] + [p.rejected for p in mb],
+                                    tokenizer, cfg)
+        chosen, rejected = logps[: len(mb)], logps[len(mb):]
+        loss, meta = dpo_loss(chosen, rejected, ref_chosen[m : m + len(mb)], ref_rejected[m : m + len(mb)], cfg.beta)
+        (loss.sum() / len(pairs)).backward()  # the mean over all pairs of the step
+        totals["loss"] += float(loss.detach().sum())
+        for key in ("rewards_chosen", "rewards_rejected", "margin", "accuracy"):
+            totals[key] += float(meta[key]) * len(mb)
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
+                                               cfg.max_grad_norm or float("inf"))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {f"train/{k}": v / len(pairs) for k, v in totals.items()} | {"train/grad_norm": float(grad_norm)}
+
+
+def _frozen_reference(cfg: DPOConfig):
+    if cfg.lora_rank > 0:
+        return None
+    from rlvr.models import load_model
+
+    reference, _ = load_model(cfg.model)
+    reference.eval()
+    for p in reference.parameters():
+        p.requires_grad_(False)
+    return reference
+
+
+# ----------------------------------------------------------------------------------------------------
+# The loop.
+
+
+def train_dpo(cfg: DPOConfig) -> dict:
+    done = ckpt.finished_model(Path(cfg.out))
+    if done is not None:
+        log.info("%s already holds a finished model; nothing to do", done)
+        return {"final": str(done), "already_finished": True}
+    run_dir = start_run(cfg)
+    ckpt.seed_everything(cfg.seed)
+    prompt = get_prompt(cfg.prompt)
+    reward_fn = get_reward_fn(prompt.reward)
+    from_rollouts = cfg.pairs == "rollouts"
+    source = load_split(cfg, "train", cfg.train_limit) if from_rollouts else load_pairs(cfg.pairs)
+    val = load_split(cfg, "validation", cfg.eval_limit)
+    model, tokenizer, state = load_policy(cfg, run_dir)
+    reference = _frozen_reference(cfg)
+    optimizer, scheduler = build_optimizer(model, cfg, cfg.steps)
+    step, order = restore(state, optimizer, scheduler, DataOrder(len(source), f"dpo-{cfg.seed}"))
+    logger = open_logger(run_dir, cfg, state)
+    engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)
+    if step == 0 and cfg.eval_at_start:
+        metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
+        logger.log(0, metrics)
+        log.info("step 0 validation: %s", fmt_metrics(metrics))
+    from tqdm import tqdm
+
+    bar = tqdm(total=cfg.steps, initial=step, desc="dpo", unit="step")
+    metrics: dict = {}
+    while step < cfg.steps:
+        step += 1
+        started = time.perf_counter()
+        if from_rollouts:
+            engine.sync_weights(model)
+            questions = [source[i] for i in order.take(cfg.questions_per_step)]
+            pairs, metrics = rollout_pairs(engine, questions, prompt, reward_fn, cfg, step, tokenizer)
+        else:
+            pairs, metrics = [source[i] for i in order.take(cfg.batch_size)], {}
+        generated = time.perf_counter() - started
+        lr = scheduler.get_last_lr()[0]
+        if pairs:
+            metrics.update(dpo_update(model, optimizer, reference, pairs, prompt, tokenizer, cfg))
+        else:  # no question had both a right and a wrong answer: nothing to prefer, no step taken
+            log.info("step %d: no preference pair in this batch", step)
+        scheduler.step()
+        metrics.update({"train/lr": lr, "train/epoch": order.epochs_done, "time/generate": generated,
+                        "time/step_seconds": time.perf_counter() - started})
+        if cfg.eval_every and step % cfg.eval_every == 0 or (step == cfg.steps and cfg.eval_at_end):
+            val_metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
+            metrics.update(val_metrics)
+            log.info("step %d: %s", step, fmt_metrics(metrics))
+        logger.log(step, metrics)
+        if cfg.log_rollouts_every and (step % cfg.log_rollouts_every == 0 or step == 1):
+            logger.log_rows("pairs", step, [dataclasses.asdict(p) for p in pairs])
+        bar.update(1)
+        if "train/loss" in metrics:
+            bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", acc=f"{metrics['train/accuracy']:.2f}")
+        if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
+            ckpt.save_checkpoint(run_dir, step, model, tokenizer, trainer_state(optimizer, scheduler, order),
+                                 keep=cfg.keep_checkpoints)
+    bar.close()
+    summary = {"steps": step, **{k: v for k, v in metrics.items() if k.startswith("val/")}}
+    final = ckpt.save_final(run_dir, model, tokenizer, summary)
+    logger.close()
+    log.info("DPO finished: %s; model in %s", fmt_metrics(summary), final)
+    return {**summary, "final": str(final)}

@@ -1,0 +1,177 @@
+"""On-policy distillation (issue 17): the expected gradient of the estimator equals the reverse KL's, by
+exact enumeration of every response over a 3-token vocabulary; and `rlvr train algorithm=opd` end to end.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from rlvr import rl as train_module
+from rlvr.config import ConfigError, TrainConfig, load_config
+from rlvr.estimators import aggregate_loss_across_microbatch, compute_policy_gradient_loss, distill_advantages
+from rlvr.policy import get_response_log_probs
+from rlvr.tracking import read_jsonl
+
+from conftest import make_model, make_tokenizer
+
+V, L = 3, 2  # vocabulary, response length: 9 responses, enumerated
+PROMPT = [0, 1]
+
+
+def _tiny(seed):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16,
+                         pad_token_id=0, eos_token_id=2, bos_token_id=None, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).double()
+    with torch.no_grad():  # sharper distributions than the default init, so the two models differ clearly
+        model.lm_head.weight.mul_(20)
+    return model
+
+
+def _enumerated():
+    full = torch.tensor([PROMPT + list(y) for y in itertools.product(range(V), repeat=L)])
+    input_ids, labels = full[:, :-1], full[:, 1:]
+    mask = torch.zeros_like(labels, dtype=torch.bool)
+    mask[:, len(PROMPT) - 1:] = True
+    return input_ids, labels, mask
+
+
+def _log_probs(model, input_ids, labels, mask):
+    return get_response_log_probs(model, input_ids, labels, positions=mask)["log_probs"].double()
+
+
+def _estimator_gradient(student, teacher, discount):
+    """E_{y ~ pi}[grad of the distillation loss], exactly: every response weighted by its probability."""
+    input_ids, labels, mask = _enumerated()
+    with torch.no_grad():
+        student_lp = _log_probs(student, input_ids, labels, mask)
+        teacher_lp = _log_probs(teacher, input_ids, labels, mask)
+    advantages = distill_advantages(student_lp, teacher_lp, mask, discount).double()
+    weights = student_lp.masked_fill(~mask, 0).sum(-1).exp()  # pi(y), detached
+    assert float(weights.sum()) == pytest.approx(1.0, abs=1e-6)  # (log-probs come out in float32)
+    student.zero_grad()
+    log_probs = _log_probs(student, input_ids, labels, mask)
+    per_token, _ = compute_policy_gradient_loss(advantages * weights[:, None] * len(weights), log_probs, "none")
+    aggregate_loss_across_microbatch(per_token, mask, "sum").backward()  # token sum, mean over the 9 rows
+    return [p.grad.clone() for p in student.parameters()]
+
+
+def _exact_gradient(student, teacher, loss_fn):
+    student.zero_grad()
+    loss_fn(student, teacher).backward()
+    return [p.grad.clone() for p in student.parameters()]
+
+
+def _sequence_kl(student, teacher):
+    """KL(pi(y) || p_teacher(y)) over the 9 responses."""
+    input_ids, labels, mask = _enumerated()
+    log_pi = _log_probs(student, input_ids, labels, mask).masked_fill(~mask, 0).sum(-1)
+    with torch.no_grad():
+        log_q = _log_probs(teacher, input_ids, labels, mask).masked_fill(~mask, 0).sum(-1)
+    return (log_pi.exp() * (log_pi - log_q)).sum()
+
+
+def _per_token_kl(student, teacher):
+    """sum_t E_{y<t ~ pi}[KL(pi(.|y<t) || p_teacher(.|y<t))], with the state distribution held fixed."""
+    contexts = [torch.tensor([PROMPT + list(prefix)]) for t in range(L) for prefix in itertools.product(range(V), repeat=t)]
+    total = torch.zeros((), dtype=torch.float64)
+    for ctx in contexts:
+        logits = torch.log_softmax(student(ctx).logits[0, -1].double(), -1)
+        with torch.no_grad():
+            teacher_logits = torch.log_softmax(teacher(ctx).logits[0, -1].double(), -1)
+            prefix = ctx[0, len(PROMPT):]
+            weight = torch.ones((), dtype=torch.float64)
+            for i, token in enumerate(prefix):  # pi(prefix), not differentiated: the visited states are given
+                step_logits = torch.log_softmax(student(ctx[:, : len(PROMPT) + i]).logits[0, -1].double(), -1)
+                weight = weight * step_logits[token].exp()
+        total = total + weight * (logits.exp() * (logits - teacher_logits)).sum()
+    return total
+
+
+@pytest.mark.parametrize("discount, objective", [(1.0, _sequence_kl), (0.0, _per_token_kl)], ids=["sequence", "per_token"])
+def test_the_expected_gradient_is_the_reverse_kls(discount, objective):
+    student, teacher = _tiny(0), _tiny(1)
+    estimated = _estimator_gradient(student, teacher, discount)
+    exact = _exact_gradient(student, teacher, objective)
+    assert float(objective(student, teacher).detach()) > 0.05  # the two models really differ
+    for e, x in zip(estimated, exact):
+        torch.testing.assert_close(e, x, rtol=1e-4, atol=1e-6)
+    # and the two objectives are different functions: each gradient is only the estimator with its discount
+    other = _exact_gradient(student, teacher, _per_token_kl if discount == 1.0 else _sequence_kl)
+    assert max(float((e - o).abs().max()) for e, o in zip(estimated, other)) > 1e-4
+
+
+def test_distill_advantages_by_hand():
+    student = torch.log(torch.tensor([[0.5, 0.25, 0.5, 1.0]]))
+    teacher = torch.log(torch.tensor([[0.25, 0.5, 0.5, 1.0]]))
+    mask = torch.tensor([[False, True, True, True]])
+    ln2 = torch.log(torch.tensor(2.0))
+    torch.testing.assert_close(distill_advantages(student, teacher, mask), torch.tensor([[0, ln2, 0, 0]]))
+    torch.testing.assert_close(distill_advantages(student, teacher, mask, 0.5), torch.tensor([[0, ln2, 0, 0]]))
+    teacher2 = torch.log(torch.tensor([[0.25, 0.5, 0.25, 1.0]]))  # the third token now costs log 2
+    torch.testing.assert_close(distill_advantages(student, teacher2, mask, 0.5), torch.tensor([[0, ln2 - 0.5 * ln2, -ln2, 0]]))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Through the loop.
+
+
+@pytest.fixture
+def teacher_dir(tmp_path, tokenizer):
+    path = tmp_path / "teacher"
+    make_model(len(tokenizer), seed=7).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _opd_cfg(model_dir, teacher_dir, out, **kw):
+    base = dict(model=str(model_dir), teacher=str(teacher_dir), algorithm="opd", dataset="arithmetic:steps=1,max=9",
+                out=str(out), steps=2, rollout_batch_size=4, group_size=2, max_new_tokens=6, microbatch_size=2,
+                learning_rate=1e-2, eval_every=0, eval_at_start=False, eval_at_end=False, generation_dtype="float32",
+                precision="fp32", tensorboard=False, log_rollouts_every=1)
+    base.update(kw)
+    return load_config(TrainConfig, overrides=base)
+
+
+def test_opd_trains_on_per_token_teacher_advantages(tmp_path, model_dir, teacher_dir, monkeypatch):
+    seen = []
+    update = train_module.policy_gradient_update
+
+    def spy(model, optimizer, batch, spec, *args, **kwargs):
+        seen.append(batch.advantages.clone())
+        return update(model, optimizer, batch, spec, *args, **kwargs)
+
+    monkeypatch.setattr(train_module, "policy_gradient_update", spy)
+    cfg = _opd_cfg(model_dir, teacher_dir, tmp_path / "run")
+    train_module.train_grpo(cfg)
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(abs(r["train/teacher_reverse_kl"]) > 1e-3 and r["train/trained_tokens"] > 0 for r in rows)
+    assert seen[0].dim() == 2 and seen[0].shape[0] == 4  # one advantage per token
+    assert len({round(float(v), 6) for v in seen[0][seen[0] != 0]}) > 4  # and they differ token to token
+
+
+def test_opd_with_the_student_as_its_own_teacher_has_nothing_to_learn(tmp_path, model_dir):
+    cfg = _opd_cfg(model_dir, model_dir, tmp_path / "run", steps=1)
+    train_module.train_grpo(cfg)
+    (row,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert abs(row["train/teacher_reverse_kl"]) < 1e-5
+    assert row["train/pruned_fraction"] == 1.0  # every advantage is exactly 0
+
+
+def test_opd_needs_a_teacher_and_one_with_the_same_tokenizer(tmp_path, model_dir):
+    with pytest.raises(ConfigError, match="teacher="):
+        load_config(TrainConfig, overrides={"algorithm": "opd"})
+    other = tmp_path / "other"
+    tok = make_tokenizer()
+    tok.add_tokens(["<extra>"])
+    make_model(len(tok), seed=3).save_pretrained(other)
+    tok.save_pretrained(other)
+    with pytest.raises(ValueError, match="different tokenizers"):
+        train_module.train_grpo(_opd_cfg(model_dir, other, tmp_path / "run", steps=1))
