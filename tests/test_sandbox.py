@@ -25,6 +25,10 @@ from rlvr.sandbox import Check, Job, SandboxLimits, isolation, run_program, run_
 LIMITS = SandboxLimits(timeout=4, cpu_seconds=2, memory_mb=256, file_mb=8, processes=16, output_kb=256)
 SECRET = "rlvr-test-secret-0b9a7c"
 NAMESPACES = isolation() == "namespaces"
+# what only the namespaces stop (the limits-only fallback runs programs as the user running rlvr)
+# (and a fork bomb is not even tried without them: RLIMIT_NPROC does not bind root)
+NAMESPACES_ONLY = {"network", "read_secrets", "kill_parent", "delete_outside", "write_10_gb_file", "detached_survivor",
+                   "fork_bomb"}
 
 
 def _fence(code: str) -> str:
@@ -200,7 +204,7 @@ def attacked(tmp_path_factory):
     os.environ["RLVR_TEST_SECRET"] = SECRET
     try:
         attacks = _attacks(canary, run_dir, server.getsockname()[1])
-        names = list(attacks)
+        names = [n for n in attacks if NAMESPACES or n not in NAMESPACES_ONLY]
         reward = CodeTestsReward(limits=LIMITS)
         started = time.perf_counter()
         scores, meta = score_batch(reward, [_fence(attacks[n][0]) for n in names],
@@ -221,24 +225,26 @@ ATTACKS = list(_attacks(Path("/x"), Path("/y"), 1))
 
 @pytest.mark.parametrize("name", ATTACKS)
 def test_an_attack_scores_zero(attacked, name):
-    if name in ("network", "read_secrets", "kill_parent") and not NAMESPACES:
+    if name in NAMESPACES_ONLY and not NAMESPACES:
         pytest.skip("without namespaces the sandbox does not block this (see rlvr.sandbox)")
     assert attacked["scores"][name] == {"reward": 0.0, "format_reward": 1.0, "answer_reward": 0.0}
 
 
 def test_attacks_leave_the_machine_the_run_and_this_process_intact(attacked):
-    assert attacked["canary"].read_text() == "keep me"
-    run_dir = attacked["run_dir"]
-    after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in run_dir.rglob("*") if p.is_file()}
-    assert after == attacked["before"]
-    assert not Path("/tmp/rlvr-big.bin").exists()
-    assert not _sandbox_processes(), "a sandboxed process outlived its program"
     if NAMESPACES:
+        assert attacked["canary"].read_text() == "keep me"
+        run_dir = attacked["run_dir"]
+        after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in run_dir.rglob("*") if p.is_file()}
+        assert after == attacked["before"]
+        assert not Path("/tmp/rlvr-big.bin").exists()
         assert attacked["connections"] == []  # nothing reached the listening socket
+    assert not _sandbox_processes(), "a sandboxed process outlived its program"
     # the whole batch is bounded by the wall-clock limit, not by the attacks (they ran in parallel)
     assert attacked["seconds"] < 3 * LIMITS.timeout
     meta = attacked["meta"]
-    assert meta["grading/code_programs"] == len(ATTACKS)
+    assert meta["grading/code_programs"] == len(attacked["scores"])
+    if not NAMESPACES:
+        return
     # infinite loop, fork bomb, never returns control, the survivor's parent (by wall clock or CPU time)
     assert meta["grading/code_timeouts"] == 4
     assert meta["grading/code_memory_kills"] == 1 and meta["grading/code_output_kills"] == 1

@@ -303,7 +303,7 @@ def distill_from_teacher(batch: TrainBatch, model, teacher, spec: EstimatorSpec,
 def _teacher_model(cfg: TrainConfig, tokenizer):
     """The frozen teacher of on-policy distillation; it must share the student's tokenizer (the signal
     compares the two models' log-probs of the same token ids)."""
-    if not cfg.teacher:
+    if not cfg.teacher or not cfg.distill:  # a teacher named in a shared config is unused without distill
         return None
     from rlvr.models import load_model
 
