@@ -25,7 +25,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
-from rlvr.data import SPLITS, DataError, Example
+from rlvr.data import SPLITS, DataError, Example, jsonl_rows
 
 CODE_LEVELS = (1, 2, 3)
 CODE_SPLIT_SIZES = {"train": 20000, "validation": 500, "test": 1000}
@@ -132,36 +132,21 @@ def load_code_jsonl(
     fails with the file, the line number and the field.
     """
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
     examples = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            for field in (question_field, tests_field):
-                if field not in row:
-                    raise DataError(f"{where}: missing field {field!r} (fields present: {', '.join(row)})")
-            question, raw_tests = row[question_field], row[tests_field]
-            if not isinstance(question, str) or not question.strip():
-                raise DataError(f"{where}: field {question_field!r} must be a non-empty string")
-            entry_point = row.get(entry_point_field)
-            if entry_point is not None and (not isinstance(entry_point, str) or not entry_point.isidentifier()):
-                raise DataError(f"{where}: field {entry_point_field!r} must be a Python name or null; "
-                                f"got {entry_point!r}")
-            solution = row.get(solution_field)
-            if solution is not None and not isinstance(solution, str):
-                raise DataError(f"{where}: field {solution_field!r} must be a string; got {type(solution).__name__}")
-            tests = _read_tests(raw_tests, entry_point, f"{where}: field {tests_field!r}", entry_point_field)
-            examples.append(Example(question.strip(), code_answer(tests, entry_point), solution or "",
-                                    id=f"{path.stem}:{lineno}"))
+    for lineno, where, row in jsonl_rows(path, (question_field, tests_field)):
+        question, raw_tests = row[question_field], row[tests_field]
+        if not isinstance(question, str) or not question.strip():
+            raise DataError(f"{where}: field {question_field!r} must be a non-empty string")
+        entry_point = row.get(entry_point_field)
+        if entry_point is not None and (not isinstance(entry_point, str) or not entry_point.isidentifier()):
+            raise DataError(f"{where}: field {entry_point_field!r} must be a Python name or null; "
+                            f"got {entry_point!r}")
+        solution = row.get(solution_field)
+        if solution is not None and not isinstance(solution, str):
+            raise DataError(f"{where}: field {solution_field!r} must be a string; got {type(solution).__name__}")
+        tests = _read_tests(raw_tests, entry_point, f"{where}: field {tests_field!r}", entry_point_field)
+        examples.append(Example(question.strip(), code_answer(tests, entry_point), solution or "",
+                                id=f"{path.stem}:{lineno}"))
     if not examples:
         raise DataError(f"{path}: no examples (the file is empty)")
     return examples

@@ -21,6 +21,7 @@ import json
 import random
 import re
 from importlib import resources
+from collections.abc import Iterator
 from pathlib import Path
 
 SPLITS = ("train", "validation", "test")
@@ -103,6 +104,29 @@ class DataOrder:
 # Loading JSONL.
 
 
+def jsonl_rows(path: str | Path, required: tuple[str, ...] = ()) -> Iterator[tuple[int, str, dict]]:
+    """(line number, "path:line", row) for each non-empty line of a JSONL file whose row is an object holding
+    the `required` fields; anything else fails with a DataError naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            for field in required:
+                if field not in row:
+                    raise DataError(f"{where}: missing field {field!r} (fields present: {', '.join(row)})")
+            yield lineno, where, row
+
+
 def load_jsonl(
     path: str | Path,
     question_field: str = "question",
@@ -117,42 +141,28 @@ def load_jsonl(
     the GSM8K text before "####". A malformed line fails with the file and line number.
     """
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
     examples = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
+    required = (question_field, answer_field) + ((solution_field,) if solution_field else ())
+    for lineno, where, row in jsonl_rows(path, required):
+        question, raw_answer = row[question_field], row[answer_field]
+        if not isinstance(question, str) or not question.strip():
+            raise DataError(f"{where}: field {question_field!r} must be a non-empty string")
+        if isinstance(raw_answer, (int, float)) and not isinstance(raw_answer, bool):
+            raw_answer = str(raw_answer)
+        if not isinstance(raw_answer, str) or not raw_answer.strip():
+            raise DataError(f"{where}: field {answer_field!r} must be a non-empty string or number")
+        is_gsm8k = ("####" in raw_answer) if gsm8k_answers is None else gsm8k_answers
+        if is_gsm8k:
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            for field in (question_field, answer_field) + ((solution_field,) if solution_field else ()):
-                if field not in row:
-                    raise DataError(f"{where}: missing field {field!r} (fields present: {', '.join(row)})")
-            question, raw_answer = row[question_field], row[answer_field]
-            if not isinstance(question, str) or not question.strip():
-                raise DataError(f"{where}: field {question_field!r} must be a non-empty string")
-            if isinstance(raw_answer, (int, float)) and not isinstance(raw_answer, bool):
-                raw_answer = str(raw_answer)
-            if not isinstance(raw_answer, str) or not raw_answer.strip():
-                raise DataError(f"{where}: field {answer_field!r} must be a non-empty string or number")
-            is_gsm8k = ("####" in raw_answer) if gsm8k_answers is None else gsm8k_answers
-            if is_gsm8k:
-                try:
-                    answer = parse_gsm8k_answer(raw_answer)
-                except ValueError as err:
-                    raise DataError(f"{where}: {err}") from None
-                solution = raw_answer.rsplit("####", 1)[0].strip()
-            else:
-                answer, solution = raw_answer.strip(), ""
-            if solution_field:
-                solution = str(row[solution_field])
-            examples.append(Example(question.strip(), answer, solution, id=f"{path.stem}:{lineno}"))
+                answer = parse_gsm8k_answer(raw_answer)
+            except ValueError as err:
+                raise DataError(f"{where}: {err}") from None
+            solution = raw_answer.rsplit("####", 1)[0].strip()
+        else:
+            answer, solution = raw_answer.strip(), ""
+        if solution_field:
+            solution = str(row[solution_field])
+        examples.append(Example(question.strip(), answer, solution, id=f"{path.stem}:{lineno}"))
     if not examples:
         raise DataError(f"{path}: no examples (the file is empty)")
     return examples

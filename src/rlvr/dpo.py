@@ -12,8 +12,8 @@ online DPO, the preference-learning counterpart of GRPO at the same rollout cost
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
 import logging
 import time
 from pathlib import Path
@@ -22,11 +22,11 @@ import torch
 
 from rlvr import checkpoint as ckpt
 from rlvr.config import DPOConfig
-from rlvr.data import DataError, DataOrder, Example, load_split
+from rlvr.data import DataError, DataOrder, Example, jsonl_rows, load_split
 from rlvr.estimators import dpo_loss
 from rlvr.hf_engine import HFEngine
-from rlvr.loop_common import (build_optimizer, fmt_metrics, load_policy, open_logger, restore, start_run,
-                              trainer_state, validate)
+from rlvr.loop_common import (build_optimizer, fmt_metrics, load_frozen, load_policy, open_logger, restore,
+                              start_run, trainer_state, validate)
 from rlvr.policy import autocast, get_response_log_probs, tokenize_prompt_and_output
 from rlvr.prompts import PromptTemplate, get_prompt
 from rlvr.rewards import get_reward_fn, rewards_and_metadata, score_batch
@@ -48,19 +48,11 @@ class Pair:
 def load_pairs(path: str | Path) -> list[Pair]:
     """Pairs from a JSONL of {"question", "chosen", "rejected"} (strings); a bad line names file and line."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
     pairs = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+    for lineno, where, row in jsonl_rows(path):
         for field in ("question", "chosen", "rejected"):
-            if not isinstance(row, dict) or not isinstance(row.get(field), str) or not row[field].strip():
-                raise DataError(f"{path}:{lineno}: field {field!r} must be a non-empty string")
+            if not isinstance(row.get(field), str) or not row[field].strip():
+                raise DataError(f"{where}: field {field!r} must be a non-empty string")
         pairs.append(Pair(row["question"], row["chosen"], row["rejected"], id=f"{path.stem}:{lineno}"))
     if not pairs:
         raise DataError(f"{path}: no pairs (the file is empty)")
@@ -105,17 +97,15 @@ def _sequence_log_probs(model, prompts: list[str], responses: list[str], tokeniz
 def _reference_log_probs(reference, model, pairs: list[Pair], prompt, tokenizer, cfg: DPOConfig):
     """(chosen, rejected) summed log-probs under the frozen reference, (P,) each."""
     prompts = [prompt.format(p.question, tokenizer) for p in pairs]
+    scorer = model if reference is None else reference
+    # LoRA: the adapter-free base is the reference
+    base = model.disable_adapter() if reference is None else contextlib.nullcontext()
     chosen, rejected = [], []
-    with torch.no_grad():
+    with torch.no_grad(), base:
         for m in range(0, len(pairs), cfg.microbatch_size):
             sl = slice(m, m + cfg.microbatch_size)
-            if reference is None:  # LoRA: the adapter-free base is the reference
-                with model.disable_adapter():
-                    chosen.append(_sequence_log_probs(model, prompts[sl], [p.chosen for p in pairs[sl]], tokenizer, cfg))
-                    rejected.append(_sequence_log_probs(model, prompts[sl], [p.rejected for p in pairs[sl]], tokenizer, cfg))
-            else:
-                chosen.append(_sequence_log_probs(reference, prompts[sl], [p.chosen for p in pairs[sl]], tokenizer, cfg))
-                rejected.append(_sequence_log_probs(reference, prompts[sl], [p.rejected for p in pairs[sl]], tokenizer, cfg))
+            chosen.append(_sequence_log_probs(scorer, prompts[sl], [p.chosen for p in pairs[sl]], tokenizer, cfg))
+            rejected.append(_sequence_log_probs(scorer, prompts[sl], [p.rejected for p in pairs[sl]], tokenizer, cfg))
     return torch.cat(chosen), torch.cat(rejected)
 
 
@@ -146,15 +136,7 @@ def dpo_update(model, optimizer, reference, pairs: list[Pair], prompt, tokenizer
 
 
 def _frozen_reference(cfg: DPOConfig):
-    if cfg.lora_rank > 0:
-        return None
-    from rlvr.models import load_model
-
-    reference, _ = load_model(cfg.model)
-    reference.eval()
-    for p in reference.parameters():
-        p.requires_grad_(False)
-    return reference
+    return None if cfg.lora_rank > 0 else load_frozen(cfg.model)[0]  # LoRA: the adapter-free base
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -55,6 +55,16 @@ def load_policy(cfg: TrainingFields, run_dir: Path):
     return model, tokenizer, state
 
 
+def load_frozen(name: str):
+    """A model that only scores (a KL reference, a distillation teacher, DPO's reference): eval mode, no
+    gradients. Returns (model, tokenizer)."""
+    model, tokenizer = load_model(name)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, tokenizer
+
+
 def validate(engine: RolloutEngine, policy, examples: list[Example], prompt: PromptTemplate, tokenizer,
              cfg: TrainingFields, prefix: str = "val") -> tuple[dict, list[dict]]:
     """Greedy (by default) validation through the evaluation code; returns metrics and the records."""

@@ -33,7 +33,8 @@ from rlvr.data import DataOrder, Example, load_split
 from rlvr.estimators import distill_advantages
 from rlvr.evaluate import pass_at_k
 from rlvr.hf_engine import HFEngine
-from rlvr.loop_common import build_optimizer, load_policy, open_logger, restore, start_run, trainer_state, validate
+from rlvr.loop_common import (build_optimizer, load_frozen, load_policy, open_logger, restore, start_run, trainer_state,
+                              validate)
 from rlvr.policy import tokenize_prompt_and_output
 from rlvr.prompts import PromptTemplate, get_prompt
 from rlvr.rewards import combine_rewards, format_reward_fn, get_reward_fn, rewards_and_metadata, score_batch
@@ -305,16 +306,11 @@ def _teacher_model(cfg: TrainConfig, tokenizer):
     compares the two models' log-probs of the same token ids)."""
     if not cfg.teacher or not cfg.distill:  # a teacher named in a shared config is unused without distill
         return None
-    from rlvr.models import load_model
-
-    teacher, teacher_tokenizer = load_model(cfg.teacher)
+    teacher, teacher_tokenizer = load_frozen(cfg.teacher)
     if teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
         raise ValueError(f"teacher={cfg.teacher!r} and model={cfg.model!r} have different tokenizers "
                          f"({len(teacher_tokenizer)} vs {len(tokenizer)} tokens); on-policy distillation "
                          "compares log-probs of the same token ids, so they must share one")
-    teacher.eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
     return teacher
 
 
@@ -325,13 +321,7 @@ def _reference_model(cfg: TrainConfig):
         return None
     if cfg.lora_rank > 0:
         return None  # `disable_adapter()` on the policy itself gives the reference
-    from rlvr.models import load_model
-
-    reference, _ = load_model(cfg.model)
-    reference.eval()
-    for p in reference.parameters():
-        p.requires_grad_(False)
-    return reference
+    return load_frozen(cfg.model)[0]
 
 
 def _reference_log_probs(reference, model, batch: TrainBatch, cfg: TrainConfig) -> torch.Tensor:
