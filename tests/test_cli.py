@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from rlvr.cli import app
-from rlvr.config import DemoConfig, DPOConfig, EvalConfig, SFTConfig, TrainConfig, load_config
+from rlvr.config import BaseConfig, DemoConfig, DPOConfig, EvalConfig, SFTConfig, TrainConfig, load_config
 from rlvr.estimators import PRESETS
 from rlvr.sweep import LOCK, SweepConfig
 from rlvr.tracking import read_jsonl
@@ -59,14 +59,25 @@ PLAIN = {"algorithms": [], "plot": ["--out", "--band"], "report": ["--out", "--b
          "summary": ["--out"]}
 
 
+def _field_names(cls) -> list[str]:
+    names = []
+    for name, field in cls.model_fields.items():
+        section = field.annotation
+        if isinstance(section, type) and issubclass(section, BaseConfig):
+            names += [f"{field.alias or name}.{sub}" for sub in section.model_fields]
+        else:
+            names.append(name)
+    return names
+
+
 @pytest.mark.parametrize("command", list(CONFIGS) + list(PLAIN))
 def test_help_of_every_command_exits_0_and_lists_its_config_fields(command):
     result = CliRunner().invoke(app, [command, "--help"], env=WIDE)
     assert result.exit_code == 0, result.output
     assert "Usage: " in result.output and f" {command} " in result.output
     if command in CONFIGS:
-        listed = re.findall(r"^[\s│]*([a-z_0-9]+)=", result.output, flags=re.MULTILINE)
-        assert listed == list(CONFIGS[command].model_fields)  # every field, in order, once
+        listed = re.findall(r"^[\s│]*([a-z_0-9.]+)=", result.output, flags=re.MULTILINE)
+        assert listed == _field_names(CONFIGS[command])  # every field, in order, once; sections as section.field
     else:
         for option in PLAIN[command]:
             assert option in result.output

@@ -33,7 +33,7 @@ class BaseConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True), sort_keys=False)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_yaml(), encoding="utf-8")
@@ -103,23 +103,52 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: list[st
         data = dict(loaded or {})
         source = str(path)
     extra = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
-    unknown = sorted(set(data) - set(cls.model_fields)) + sorted(set(extra) - set(cls.model_fields))
+    extra = _nest(cls, extra)
+    names = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+    unknown = sorted(set(data) - names) + sorted(set(extra) - names)
     if unknown:
         where = source if set(unknown) & set(data) else "command line"
         raise ConfigError(
             f"{where}: unknown field(s) {', '.join(map(repr, unknown))}; valid fields: {', '.join(cls.model_fields)}"
         )
-    data.update(extra)
+    for key, value in extra.items():  # `distributed.learners=2` changes one field of the section
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
     try:
         return cls.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_describe(err, source if not extra else f"{source} + overrides")) from None
 
 
+def _nest(cls: type[BaseConfig], extra: dict[str, Any]) -> dict[str, Any]:
+    """{"distributed.learners": 2} -> {"distributed": {"learners": 2}} for a section field (a nested config)."""
+    out: dict[str, Any] = {}
+    for key, value in extra.items():
+        head, dot, rest = key.partition(".")
+        if not dot:
+            out[key] = value
+            continue
+        field = cls.model_fields.get(head) or next((f for f in cls.model_fields.values() if f.alias == head), None)
+        section = getattr(field, "annotation", None) if field is not None else None
+        if not (isinstance(section, type) and issubclass(section, BaseConfig)):
+            raise ConfigError(f"command line: {key!r}: {head!r} is not a section of {cls.__name__} (sections: "
+                              + ", ".join(f.alias or n for n, f in cls.model_fields.items()
+                                          if isinstance(f.annotation, type) and issubclass(f.annotation, BaseConfig))
+                              + ")")
+        out.setdefault(head, {})[rest] = value
+    return out
+
+
 def fields_help(cls: type[BaseConfig]) -> str:
     """A field list for --help: name, type/default, description."""
     lines = []
     for name, field in cls.model_fields.items():
+        section = field.annotation
+        if isinstance(section, type) and issubclass(section, BaseConfig):  # distributed.learners=1 ...
+            lines += [f"{field.alias or name}.{line}" for line in fields_help(section).split("\n\n")]
+            continue
         default = field.default if field.default is not None else "None"
         lines.append(f"{name}={default!s}  {field.description or ''}".rstrip())
     return "\n\n".join(lines)
@@ -269,6 +298,40 @@ class SFTConfig(TrainingFields):
         return self
 
 
+class DistributedConfig(BaseConfig):
+    """`rlvr train distributed.*`: Ray roles (rlvr.cluster). rollout_workers=0 and learners=1 is the local loop."""
+
+    rollout_workers: int = Field(0, ge=0, description="Ray actors generating rollouts (0: the local loop, no Ray)")
+    learners: int = Field(1, ge=1, description="data-parallel learner actors (one torch.distributed group)")
+    address: str | None = Field(None, description="Ray cluster to join (auto: the running one); None starts a "
+                                "local Ray")
+    rollout_num_cpus: float = Field(1.0, ge=0)
+    rollout_num_gpus: float = Field(0.0, ge=0)
+    learner_num_cpus: float = Field(1.0, ge=0)
+    learner_num_gpus: float = Field(0.0, ge=0)
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="learners' process group (auto: NCCL "
+                                                     "with GPUs, else gloo)")
+    timeout_s: float = Field(1800.0, gt=0, description="longest wait for any role before the run stops with an "
+                             "error naming it")
+    weight_sync: Literal["object_store", "broadcast"] = Field(
+        "object_store", description="object_store: learner rank 0 puts the weights once, each worker reads them "
+        "(any node); broadcast: a torch.distributed group of learner 0 and the workers (NCCL on GPUs)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rollout_workers > 0 or self.learners > 1
+
+
+class AsyncConfig(BaseConfig):
+    """`rlvr train async.*`: rollouts overlap training, at most `max_staleness` policy versions old."""
+
+    max_staleness: int | None = Field(None, ge=0, description="None: synchronous; K: train a batch only if its "
+                                      "rollouts are at most K optimizer steps old (older ones are dropped); 0 is "
+                                      "synchronous")
+    tis_cap: float = Field(2.0, gt=0, description="truncated importance sampling: each token's loss is weighted "
+                           "by min(pi / pi_behaviour, tis_cap) (sampling-time log-probs)")
+
+
 class TrainConfig(TrainingFields):
     """`rlvr train`: the RL loop of seed 004 Algorithm 1 with any estimator of the preset table."""
 
@@ -312,6 +375,13 @@ class TrainConfig(TrainingFields):
     # logging
     log_rollouts_every: int = Field(5, ge=0, description="append the batch's rollouts to rollouts.jsonl every N steps")
     learning_rate: float = Field(1e-5, gt=0)
+    dynamic_sampling: bool = Field(False, description="DAPO: drop groups without reward spread and sample new "
+                                   "questions in their place (up to dynamic_sampling_rounds generations per step)")
+    dynamic_sampling_rounds: int = Field(4, ge=1, description="most generations per step with dynamic_sampling")
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 
     @model_validator(mode="after")
     def _resolve_preset(self):
@@ -338,6 +408,15 @@ class TrainConfig(TrainingFields):
         if self.distill and not self.teacher:
             raise ValueError(f"algorithm={self.algorithm} distills from a teacher (distill={self.distill}): set "
                              "teacher=<model path or name>")
+        if self.async_.max_staleness and not self.distributed.rollout_workers:
+            raise ValueError(f"async.max_staleness={self.async_.max_staleness} overlaps rollouts with training: "
+                             "it needs distributed.rollout_workers >= 1")
+        if self.distributed.enabled and self.dynamic_sampling:
+            raise ValueError("dynamic_sampling runs in the local loop only for now; set distributed.rollout_workers=0 "
+                             "distributed.learners=1")
+        if self.distributed.enabled and self.distill:
+            raise ValueError("on-policy distillation (distill > 0) runs in the local loop only; set "
+                             "distributed.rollout_workers=0 distributed.learners=1")
         altered = [f"{name}={getattr(self, name)}" for name, neutral in
                    (("top_p", 1.0), ("repetition_penalty", 1.0), ("min_new_tokens", 0)) if getattr(self, name) != neutral]
         if altered:

@@ -211,6 +211,15 @@ def _merged_tensors(policy):
         yield name, value
 
 
+@torch.no_grad()
+def engine_weights(policy, dtype: str | None = None) -> dict[str, torch.Tensor]:
+    """The policy's weights as an engine takes them (plain names, LoRA merged), on the CPU in `dtype`, for a
+    rollout engine in another process. Casting here rounds exactly as `copy_` into the engine's copy would."""
+    target = getattr(torch, dtype) if dtype else None
+    return {name: value.detach().to(device="cpu", dtype=target or value.dtype).contiguous()
+            for name, value in _merged_tensors(policy)}
+
+
 @dataclasses.dataclass
 class _Rows:
     """The rows being decoded; finished rows are dropped from every field together."""
@@ -257,13 +266,17 @@ class HFEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.stats = {"generated_tokens": 0, "seconds": 0.0}
 
-    @torch.no_grad()
     def sync_weights(self, policy: torch.nn.Module) -> None:
-        if self.model is policy:
-            return
+        if self.model is not policy:
+            self.load_weights(_merged_tensors(policy))
+
+    @torch.no_grad()
+    def load_weights(self, tensors) -> None:
+        """Copy (name, tensor) pairs -- a plain model's names, e.g. `engine_weights(policy)` sent from a learner in
+        another process -- into the engine's model, casting to its dtype."""
         targets = dict(self.model.named_parameters())
         targets.update(dict(self.model.named_buffers()))
-        for name, value in _merged_tensors(policy):
+        for name, value in (tensors.items() if isinstance(tensors, dict) else tensors):
             if name not in targets:
                 raise KeyError(f"sync_weights: the engine's model has no tensor {name!r}")
             targets[name].copy_(value)

@@ -39,7 +39,7 @@ from rlvr.policy import tokenize_prompt_and_output
 from rlvr.prompts import PromptTemplate, get_prompt
 from rlvr.rewards import combine_rewards, format_reward_fn, get_reward_fn, rewards_and_metadata, score_batch
 from rlvr.rollout import Completion, RolloutEngine
-from rlvr.update import NonFiniteLoss, TrainBatch, policy_gradient_update, score_log_probs
+from rlvr.update import NonFiniteLoss, TrainBatch, policy_gradient_update, score_log_probs, trained_rows
 
 log = logging.getLogger(__name__)
 
@@ -142,13 +142,61 @@ def _timed(times: dict, phase: str):
     times[phase] = times.get(phase, 0.0) + time.perf_counter() - start
 
 
+def next_questions(train: list[Example], order: DataOrder, prompt: PromptTemplate, tokenizer, cfg: TrainConfig,
+                   count: int | None = None):
+    """The next `count` questions (default: a rollout batch's) and their prompts."""
+    questions = [train[i] for i in order.take(count or cfg.rollout_batch_size // cfg.group_size)]
+    return questions, [prompt.format(q.question, tokenizer) for q in questions]
+
+
+def rollout_sampling(cfg: TrainConfig, prompt: PromptTemplate, step: int, logprobs: bool = False):
+    """Step `step`'s sampling: the seed makes every rollout a function of (seed, step, question, sample)."""
+    sampling = sampling_params(cfg, stop=prompt.stop, seed=cfg.seed * 1_000_003 + step)
+    return dataclasses.replace(sampling, logprobs=True) if logprobs else sampling
+
+
 def collect_rollouts(engine: RolloutEngine, model, train: list[Example], order: DataOrder, prompt: PromptTemplate,
                      tokenizer, cfg: TrainConfig, step: int) -> Rollouts:
-    questions = [train[i] for i in order.take(cfg.rollout_batch_size // cfg.group_size)]
-    prompts = [prompt.format(q.question, tokenizer) for q in questions]
+    questions, prompts = next_questions(train, order, prompt, tokenizer, cfg)
     engine.sync_weights(model)
-    sampling = sampling_params(cfg, stop=prompt.stop, seed=cfg.seed * 1_000_003 + step)
-    return Rollouts(questions, prompts, engine.generate(prompts, sampling))
+    return Rollouts(questions, prompts, engine.generate(prompts, rollout_sampling(cfg, prompt, step)))
+
+
+def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: DataOrder, prompt: PromptTemplate,
+                     tokenizer, cfg: TrainConfig, step: int, reward_fn, spec: EstimatorSpec) -> tuple[Rollouts, dict]:
+    """DAPO's dynamic sampling: groups whose rewards have no spread (all right, all wrong) teach nothing, so they
+    are dropped and new questions sampled in their place, up to `dynamic_sampling_rounds` generations, until the
+    batch holds rollout_batch_size / group_size groups with spread. Short of that, the step trains on the groups
+    it found (none found: the last round's, which train nothing). Returns the batch and what the sampling cost."""
+    want, g = cfg.rollout_batch_size // cfg.group_size, cfg.group_size
+    questions, prompts, completions = [], [], []
+    sampled, right, rounds = 0, 0.0, 0
+    engine.sync_weights(model)
+    while len(questions) < want and rounds < cfg.dynamic_sampling_rounds:
+        missing = want - len(questions)
+        # after the first round, ask for as many questions as this step's keep rate says will fill the batch
+        rate = max(len(questions) * g / sampled, 1 / want) if sampled else 1.0
+        count = missing if not sampled else min(4 * want, math.ceil(missing / rate))
+        new_q, new_p = next_questions(train, order, prompt, tokenizer, cfg, count=count)
+        sampling = rollout_sampling(cfg, prompt, step)
+        sampling = dataclasses.replace(sampling, seed=sampling.seed + 1_000_000_007 * rounds)
+        batch = Rollouts(new_q, new_p, engine.generate(new_p, sampling))
+        rounds += 1
+        scores, _ = score_batch(reward_fn, batch.responses, batch.truths)
+        key = "answer_reward" if spec.reward_signal == "correctness" else "reward"
+        sampled += len(scores)
+        right += sum(float(s["answer_reward"]) for s in scores)
+        last = batch
+        for q in range(len(new_q)):
+            group = [float(s[key]) for s in scores[q * g : (q + 1) * g]]
+            if max(group) > min(group) and len(questions) < want:  # extras beyond a full batch are dropped
+                for c in batch.completions[q * g : (q + 1) * g]:
+                    completions.append(dataclasses.replace(c, prompt_index=len(questions)))
+                questions.append(new_q[q])
+                prompts.append(new_p[q])
+    meta = {"train/dynamic_rounds": rounds, "train/dynamic_kept_groups": len(questions),
+            "train/dynamic_sampled_rollouts": sampled, "train/sampled_answer_reward": right / max(sampled, 1)}
+    return (Rollouts(questions, prompts, completions) if questions else last), meta
 
 
 def score_rollouts(rollouts: Rollouts, reward_fn, spec: EstimatorSpec, cfg: TrainConfig, tokenizer) -> Scored:
@@ -169,33 +217,50 @@ def score_rollouts(rollouts: Rollouts, reward_fn, spec: EstimatorSpec, cfg: Trai
 
 
 def train_on_rollouts(model, optimizer, scheduler, reference, batch: TrainBatch, spec: EstimatorSpec,
-                      cfg: TrainConfig, step: int, times: dict) -> list[dict]:
-    """The k = steps_per_rollout optimizer steps on one rollout batch (k > 1 is off-policy)."""
+                      cfg: TrainConfig, step: int, times: dict, parallel=None, tis_cap: float | None = None) -> list[dict]:
+    """The k = steps_per_rollout optimizer steps on one rollout batch (k > 1 is off-policy). `parallel`: this
+    process is one data-parallel learner of several (rlvr.parallel); it scores and trains its rows only.
+    A batch that arrives with `old_log_probs` carries its sampling-time log-probs (asynchronous RL: an older
+    policy sampled it); they are the old policy of every train batch, and on-policy estimators get truncated
+    importance sampling (`tis_cap`) instead of a clip."""
+    behaviour = batch.old_log_probs is not None
     k = spec.steps_per_rollout
     rows = list(range(len(batch)))
     if k > 1:
         random.Random(f"{cfg.seed}-{step}-minibatches").shuffle(rows)
-    splits = [rows[i * cfg.train_batch_size : (i + 1) * cfg.train_batch_size] for i in range(k)]
+    size = math.ceil(len(rows) / k)  # train_batch_size, unless dynamic sampling found fewer groups
+    splits = [split for split in (rows[i * size : (i + 1) * size] for i in range(k)) if split]
+    # the rows of each train batch this learner backpropagates (all of them in a single process)
+    def my_rows(split: list[int]) -> list[int]:
+        part = batch.rows(split)
+        local = trained_rows(part, spec)
+        if parallel is not None:  # the shard policy_gradient_update will pick from this train batch
+            local = parallel.shard(local, part.input_ids, part.response_mask)
+        return [split[j] for j in local]
+
+    mine = [my_rows(split) for split in splits]
     with _timed(times, "old_logprobs"):
-        if spec.needs_old_log_probs and k > 1:  # before any update; the first train batch uses the live policy
-            later = [r for s in splits[1:] for r in s if spec.beta > 0 or batch.has_signal(r)]
+        if spec.needs_old_log_probs and k > 1 and not behaviour:  # before any update; the first uses the live policy
+            later = [r for m in mine[1:] for r in m]
             batch.old_log_probs = score_log_probs(model, batch.input_ids, batch.labels, batch.response_mask,
                                                   cfg.microbatch_size, cfg.precision, rows=later,
                                                   share_prefix=cfg.share_prefix, temperature=cfg.temperature)
     with _timed(times, "reference"):
         if spec.beta > 0:
-            batch.reference_log_probs = _reference_log_probs(reference, model, batch, cfg)
+            batch.reference_log_probs = _reference_log_probs(
+                reference, model, batch, cfg, rows=None if parallel is None else [r for m in mine for r in m])
     updates = []
     with _timed(times, "train"):
         for i, split in enumerate(splits):
             part = batch.rows(split)
-            if i == 0:
+            if i == 0 and not behaviour:
                 part.old_log_probs = None  # the live policy is the sampling policy for the first update
             try:
                 loss, meta = policy_gradient_update(
                     model, optimizer, part, spec, math.ceil(len(split) / cfg.microbatch_size), cfg.max_grad_norm,
-                    on_policy_ratio=spec.needs_old_log_probs and i == 0, precision=cfg.precision,
-                    share_prefix=cfg.share_prefix, temperature=cfg.temperature)
+                    on_policy_ratio=spec.needs_old_log_probs and part.old_log_probs is None, precision=cfg.precision,
+                    share_prefix=cfg.share_prefix, temperature=cfg.temperature, parallel=parallel,
+                    tis_cap=tis_cap if behaviour and not spec.needs_old_log_probs else None)
                 updates.append({"loss": float(loss), **meta})
             except NonFiniteLoss as err:
                 log.error("step %d, train batch %d: %s", step, i, err)
@@ -212,6 +277,10 @@ def train_grpo(cfg: TrainConfig) -> dict:
     finished = ckpt.finished_model(Path(cfg.out))
     if finished is not None:
         return evaluate_finished(cfg, finished)
+    if cfg.distributed.enabled:  # Ray roles: the same step, split over processes and machines
+        from rlvr.cluster import train_distributed
+
+        return train_distributed(cfg)
     run_dir = start_run(cfg)
     ckpt.seed_everything(cfg.seed)
     prompt, spec = get_prompt(cfg.prompt), cfg.estimator
@@ -240,29 +309,26 @@ def train_grpo(cfg: TrainConfig) -> dict:
     while step < cfg.steps:
         step += 1
         times: dict[str, float] = {}
+        dynamic: dict = {}
         with _timed(times, "generate"):
-            rollouts = collect_rollouts(engine, model, train, order, prompt, tokenizer, cfg, step)
+            if cfg.dynamic_sampling:
+                rollouts, dynamic = dynamic_rollouts(engine, model, train, order, prompt, tokenizer, cfg, step,
+                                                     reward_fn, spec)
+            else:
+                rollouts = collect_rollouts(engine, model, train, order, prompt, tokenizer, cfg, step)
         with _timed(times, "score"):
             scored = score_rollouts(rollouts, reward_fn, spec, cfg, tokenizer)
         with _timed(times, "teacher"):
             distilled = distill_from_teacher(scored.batch, model, teacher, spec, cfg) if teacher is not None else {}
         updates = train_on_rollouts(model, optimizer, scheduler, reference, scored.batch, spec, cfg, step, times)
 
-        metrics = {**_step_metrics(cfg, rollouts, scored, updates, times, scheduler), **distilled}
-        if cfg.eval_every and step % cfg.eval_every == 0 or (step == cfg.steps and cfg.eval_at_end):
+        metrics = {**_step_metrics(cfg, rollouts, scored, updates, times, scheduler.get_last_lr()[0]), **distilled,
+                   **dynamic}
+        if validation_due(cfg, step):
             with _timed(times, "validate"):
                 val_metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
             metrics.update(val_metrics, **{"time/validate": times["validate"]})
-        for warning in monitor.check(metrics, trained=metrics["train/trained_tokens"] > 0):
-            log.warning("step %d: %s", step, warning)
-            metrics.setdefault("warnings", []).append(warning)
-        logger.log(step, metrics)
-        if cfg.log_rollouts_every and (step % cfg.log_rollouts_every == 0 or step == 1):
-            logger.log_rows("rollouts", step, _rollout_rows(rollouts, scored))
-        bar.update(1)
-        bar.set_postfix(reward=f"{metrics['train/reward']:.3f}", gen=f"{times['generate']:.0f}s",
-                        train=f"{times['train']:.0f}s", **({"val": f"{metrics['val/accuracy']:.3f}"}
-                                                           if "val/accuracy" in metrics else {}))
+        log_step(step, metrics, rollouts, scored, times, monitor, logger, bar, cfg)
         if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
             ckpt.save_checkpoint(run_dir, step, model, tokenizer,
                                  trainer_state(optimizer, scheduler, order, monitor=monitor.state()),
@@ -274,6 +340,25 @@ def train_grpo(cfg: TrainConfig) -> dict:
     logger.close()
     log.info("training finished: %s; model in %s", finished_validation(summary), final)
     return {**summary, "final": str(final)}
+
+
+def validation_due(cfg: TrainConfig, step: int) -> bool:
+    return bool(cfg.eval_every and step % cfg.eval_every == 0 or (step == cfg.steps and cfg.eval_at_end))
+
+
+def log_step(step: int, metrics: dict, rollouts: Rollouts, scored: Scored, times: dict, monitor: RunMonitor,
+             logger, bar, cfg: TrainConfig) -> None:
+    """The end of a step in every loop: seed 002's warnings, the metrics line, the sampled rollouts, the bar."""
+    for warning in monitor.check(metrics, trained=metrics["train/trained_tokens"] > 0):
+        log.warning("step %d: %s", step, warning)
+        metrics.setdefault("warnings", []).append(warning)
+    logger.log(step, metrics)
+    if cfg.log_rollouts_every and (step % cfg.log_rollouts_every == 0 or step == 1):
+        logger.log_rows("rollouts", step, _rollout_rows(rollouts, scored))
+    bar.update(1)
+    bar.set_postfix(reward=f"{metrics['train/reward']:.3f}", gen=f"{times['generate']:.0f}s",
+                    train=f"{times['train']:.0f}s", **({"val": f"{metrics['val/accuracy']:.3f}"}
+                                                       if "val/accuracy" in metrics else {}))
 
 
 def finished_validation(summary: dict) -> str:
@@ -324,9 +409,9 @@ def _reference_model(cfg: TrainConfig):
     return load_frozen(cfg.model)[0]
 
 
-def _reference_log_probs(reference, model, batch: TrainBatch, cfg: TrainConfig) -> torch.Tensor:
+def _reference_log_probs(reference, model, batch: TrainBatch, cfg: TrainConfig, rows: list[int] | None = None):
     args = (batch.input_ids, batch.labels, batch.response_mask, cfg.microbatch_size, cfg.precision)
-    kwargs = dict(share_prefix=cfg.share_prefix, temperature=cfg.temperature)
+    kwargs = dict(share_prefix=cfg.share_prefix, temperature=cfg.temperature, rows=rows)
     if reference is not None:
         return score_log_probs(reference, *args, **kwargs)
     with model.disable_adapter():
@@ -356,7 +441,7 @@ def _group_pass_at_k(correct: list[float], group_size: int) -> dict[str, float]:
             for k in range(1, group_size + 1)}
 
 
-def _step_metrics(cfg, rollouts: Rollouts, scored: Scored, updates, times, scheduler) -> dict:
+def _step_metrics(cfg, rollouts: Rollouts, scored: Scored, updates, times, lr: float) -> dict:
     completions, reward_meta = rollouts.completions, scored.reward_meta
     lengths = [len(c.token_ids) for c in completions]
     ok = [u for u in updates if "nonfinite" not in u]
@@ -373,7 +458,7 @@ def _step_metrics(cfg, rollouts: Rollouts, scored: Scored, updates, times, sched
         "rollout/mean_tokens": sum(lengths) / len(lengths),
         "rollout/max_tokens": max(lengths),
         "rollout/truncated_rate": sum(c.finish_reason == "length" for c in completions) / len(completions),
-        "train/lr": scheduler.get_last_lr()[0],
+        "train/lr": lr,
         "train/nonfinite_steps": len(updates) - len(ok),
         "train/updates_trained": len(trained),
         "train/trained_tokens": sum(u["trained_tokens"] for u in ok),
@@ -397,6 +482,12 @@ def _step_metrics(cfg, rollouts: Rollouts, scored: Scored, updates, times, sched
         if any("ratio_max" in u for u in trained):
             m["train/ratio_max"] = max(u["ratio_max"] for u in trained if "ratio_max" in u)
             m["train/ratio_min"] = min(u["ratio_min"] for u in trained if "ratio_min" in u)
+        if any("is_weight_mean" in u for u in trained):
+            weighted = [u for u in trained if "is_weight_mean" in u]
+            tokens = max(sum(u["trained_tokens"] for u in weighted), 1)
+            m["train/is_weight_mean"] = sum(u["is_weight_mean"] * u["trained_tokens"] for u in weighted) / tokens
+            m["train/is_capped_fraction"] = sum(u["is_capped_fraction"] * u["trained_tokens"] for u in weighted) / tokens
+            m["train/is_weight_max"] = max(u["is_weight_max"] for u in weighted)
         m["train/trained_token_entropy"] = (sum(u["trained_token_entropy_sum"] for u in trained)
                                             / max(m["train/trained_tokens"], 1))
     for phase, seconds in times.items():

@@ -125,9 +125,16 @@ class _UpdateStats:
         self.tokens = self.sequences = 0
         self.entropy = self.kl = self.ratio_sum = self.clip_sum = self.ratio_weight = 0.0
         self.ratio_min, self.ratio_max = math.inf, -math.inf
+        self.is_sum = self.is_capped = 0.0
+        self.is_max = -math.inf
 
-    def add(self, mask: torch.Tensor, entropy: torch.Tensor, meta: dict, kl: torch.Tensor | None) -> None:
+    def add(self, mask: torch.Tensor, entropy: torch.Tensor, meta: dict, kl: torch.Tensor | None,
+            is_weight: torch.Tensor | None = None, is_cap: float | None = None) -> None:
         tokens = int(mask.sum())
+        if is_weight is not None and tokens:
+            self.is_sum += float(is_weight[mask].sum())
+            self.is_capped += float((is_weight[mask] >= is_cap).sum())
+            self.is_max = max(self.is_max, float(is_weight[mask].max()))
         self.tokens += tokens
         self.sequences += mask.shape[0]
         self.entropy += float((entropy * mask).sum())
@@ -142,6 +149,14 @@ class _UpdateStats:
             self.ratio_min = min(self.ratio_min, float(meta["ratio_min"]))
             self.ratio_max = max(self.ratio_max, float(meta["ratio_max"]))
 
+    def reduce(self, parallel) -> None:
+        """The whole group's statistics on every rank (data-parallel learners)."""
+        sums = ("tokens", "sequences", "entropy", "kl", "ratio_sum", "clip_sum", "ratio_weight", "is_sum", "is_capped")
+        for name, value in zip(sums, parallel.sum_floats([float(getattr(self, name)) for name in sums])):
+            setattr(self, name, int(value) if name in ("tokens", "sequences") else value)
+        low, high, self.is_max = parallel.max_floats([-self.ratio_min, self.ratio_max, self.is_max])
+        self.ratio_min, self.ratio_max = -low, high
+
     def metadata(self, grad_norm: float, kept: int, n: int, microbatches: int, spec: EstimatorSpec) -> dict:
         out = {"grad_norm": grad_norm, "trained_rollouts": kept, "trained_tokens": self.tokens,
                "trained_token_entropy_sum": self.entropy, "pruned_fraction": 1 - kept / n, "microbatches": microbatches}
@@ -152,7 +167,18 @@ class _UpdateStats:
                        ratio_min=self.ratio_min, ratio_max=self.ratio_max)
         if spec.beta > 0 and self.tokens:
             out["kl"] = self.kl / self.tokens
+        if self.is_max > -math.inf and self.tokens:
+            out.update(is_weight_mean=self.is_sum / self.tokens, is_weight_max=self.is_max,
+                       is_capped_fraction=self.is_capped / self.tokens)
         return out
+
+
+def trained_rows(batch: TrainBatch, spec: EstimatorSpec) -> list[int]:
+    """The rows an update backpropagates. A rollout with no response token (EOS sampled first) or zero
+    advantage (and no KL term) has exactly zero gradient; skipping it keeps the step the same and cannot leave
+    a microbatch with nothing to differentiate."""
+    has_tokens = batch.response_mask.any(dim=1)
+    return [i for i in range(len(batch)) if has_tokens[i] and (spec.beta > 0 or batch.has_signal(i))]
 
 
 def policy_gradient_update(
@@ -167,6 +193,8 @@ def policy_gradient_update(
     precision: str = "fp32",
     share_prefix: bool = True,
     temperature: float = 1.0,
+    parallel=None,
+    tis_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One optimizer step of `spec`'s estimator on the N rollouts of `batch`.
 
@@ -174,31 +202,35 @@ def policy_gradient_update(
     first update on a fresh rollout batch, and free. `temperature`: the rollouts' sampling temperature; the
     policy is scored at logits / temperature (old and reference log-probs must be scored the same way).
     Gradients left on the model by the caller are discarded first: the step is exactly this batch's.
-    Returns the whole batch's loss (the sum of the backpropagated microbatch losses) and metadata; its
-    entropy (`trained_token_entropy`) is over the rollouts that were trained, not the whole batch.
+    `parallel` (an rlvr.parallel.DataParallel): this process is one of M data-parallel learners holding the
+    same batch; it backpropagates its shard of the rows and the gradients are summed over the group, so the
+    step equals the single-process one. `tis_cap`: truncated importance sampling for rollouts sampled by an
+    older (or differently rounded) policy: each token's loss is weighted by min(pi / pi_old, tis_cap), detached,
+    with `batch.old_log_probs` the sampling-time log-probs (asynchronous RL). In old_log_probs, NaN marks a
+    token whose sampling log-prob is unknown; the live policy's stands in (ratio 1). Returns the whole batch's loss (the sum of the backpropagated
+    microbatch losses) and metadata; its entropy (`trained_token_entropy`) is over the rollouts that were
+    trained, not the whole batch.
     """
     n = len(batch)
     if gradient_accumulation_steps < 1:
         raise ValueError(f"gradient_accumulation_steps must be >= 1; got {gradient_accumulation_steps}")
     if spec.beta > 0 and batch.reference_log_probs is None:
         raise ValueError("beta > 0 needs reference_log_probs")
-    if spec.needs_old_log_probs and batch.old_log_probs is None and not on_policy_ratio:
-        raise ValueError(f"importance_reweighting_method={spec.importance_reweighting_method!r} needs old_log_probs")
+    if (spec.needs_old_log_probs or tis_cap is not None) and batch.old_log_probs is None and not on_policy_ratio:
+        raise ValueError(f"importance_reweighting_method={spec.importance_reweighting_method!r}"
+                         f"{' (tis_cap)' if tis_cap is not None else ''} needs old_log_probs")
     mask_all = batch.response_mask
     normalizer = whole_batch_normalizer(spec.loss_normalization, mask_all, spec.normalization_constant)
     microbatch_size = math.ceil(n / gradient_accumulation_steps)
-    # A rollout with no response token (EOS sampled first) or zero advantage (and no KL term) has exactly
-    # zero gradient; skipping it keeps the step the same and cannot leave a microbatch with nothing to
-    # differentiate.
-    has_tokens = mask_all.any(dim=1)
-    kept = [i for i in range(n) if has_tokens[i] and (spec.beta > 0 or batch.has_signal(i))]
+    kept_all = trained_rows(batch, spec)
+    kept = parallel.shard(kept_all, batch.input_ids, mask_all) if parallel is not None else kept_all
     widths = _row_widths(mask_all)
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.grad = None
 
     model.train()
-    total_loss, stats = torch.zeros(()), _UpdateStats()
+    total_loss, stats, diverged = torch.zeros(()), _UpdateStats(), False
     for mb in _microbatches(kept, batch.input_ids, mask_all, microbatch_size):
         idx, w = torch.tensor(mb), int(widths[mb].max())
         mask = mask_all[idx, :w]
@@ -208,11 +240,19 @@ def policy_gradient_update(
                                             temperature=temperature)
         log_probs = scored["log_probs"]
         if not bool(torch.isfinite(log_probs[mask]).all()):
-            optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLoss("the policy's log-probs are NaN/inf (diverged weights?); step skipped, gradients cleared")
+            diverged = True  # every learner must reach the collective below before all of them give up
+            break
         old = log_probs.detach() if on_policy_ratio else (
             batch.old_log_probs[idx, :w].to(log_probs.dtype) if batch.old_log_probs is not None else None)
+        if old is not None and not on_policy_ratio:
+            old = torch.where(torch.isnan(old), log_probs.detach(), old)
+        is_weight = None
+        if tis_cap is not None:
+            is_weight = torch.exp(log_probs.detach() - old).clamp(max=tis_cap).masked_fill(~mask, 0.0)
+            old = None if not spec.needs_old_log_probs else old
         per_token, meta = policy_loss(spec, batch.advantage_columns(idx, w), log_probs, old, mask)
+        if is_weight is not None:
+            per_token = per_token * is_weight
         kl = None
         if spec.beta > 0:
             kl = kl_penalty(log_probs, batch.reference_log_probs[idx, :w].to(log_probs.dtype), spec.kl_estimator)
@@ -221,9 +261,18 @@ def policy_gradient_update(
         loss = loss * microbatch_loss_scale(spec.loss_normalization, len(mb), n)
         loss.backward()
         total_loss += loss.detach()
-        stats.add(mask, scored["token_entropy"], meta, kl)
+        stats.add(mask, scored["token_entropy"], meta, kl, is_weight, tis_cap)
 
-    if not kept:
+    if parallel is not None:
+        diverged = parallel.sum_floats([float(diverged)])[0] > 0
+    if diverged:
+        optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteLoss("the policy's log-probs are NaN/inf (diverged weights?); step skipped, gradients cleared")
+    if parallel is not None:
+        parallel.all_reduce_gradients(params)  # a rank without rows adds zeros, as the unpruned step would
+        parallel.all_reduce_(total_loss)
+        stats.reduce(parallel)
+    elif not kept:
         # Every gradient is exactly zero. Seed 004's unpruned step still hands AdamW a zero gradient (its
         # moments decay, its step count advances, the weights move by momentum and weight decay), whereas a
         # None gradient would make it skip the parameter: give it the zeros.
@@ -237,7 +286,9 @@ def policy_gradient_update(
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     microbatches = math.ceil(len(kept) / microbatch_size) if kept else 0
-    return total_loss, stats.metadata(float(grad_norm), len(kept), n, microbatches, spec)
+    if parallel is not None:
+        microbatches = int(parallel.sum_floats([microbatches])[0])
+    return total_loss, stats.metadata(float(grad_norm), len(kept_all), n, microbatches, spec)
 
 
 def grpo_train_step(

@@ -1,0 +1,519 @@
+"""`rlvr train distributed.*`: the RL loop with its roles as Ray actors (seed 000's role split; seed 003's
+synchronous vs asynchronous RL).
+
+    driver (this process)   the loop of rl.py: data order, prompts, rewards, advantages, metrics, the monitor
+    RolloutWorker x N       an HFEngine each; generates with the newest weights it was sent
+    Learner x M             one torch.distributed group (gloo on CPU, NCCL on GPU): policy, optimizer, reference;
+                            each trains its shard of the batch and the gradients are summed (rlvr.parallel), so
+                            M learners make the one-process update
+    weights                 learner rank 0 -> one object in Ray's store -> every worker reads it (any node), or
+                            one torch.distributed broadcast (weight_sync=broadcast: NCCL on GPUs); each rollout
+                            carries the policy version that produced it
+
+Synchronous mode (default) is the local loop's step: the rollout batch is split over the workers, every row is
+a function of (seed, step, question, sample index) as in the local engine, the learners train, the new weights
+reach every worker before the next generate (Ray runs an actor's calls in the order they were sent).
+
+Asynchronous mode (async.max_staleness=K >= 1): workers generate the next batches with the weights they have
+while the learners train. A batch is submitted only when it will be trained at most K versions after the
+weights it is generated with (batches in flight + the one training <= K), and a batch older than K when its turn
+comes (batches finishing out of order) is dropped and counted. Its sampling-time log-probs are the old policy:
+the clip estimators use them as pi_old, on-policy ones get truncated importance sampling (async.tis_cap).
+
+Every wait has a timeout (distributed.timeout_s) and names what it waits for; a dead actor stops the run with
+an error naming the role and the last checkpoint, from which resume=true continues (exactly, in synchronous
+mode). Checkpoints are written by learner rank 0, metrics by the driver, each once.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+import torch
+
+from rlvr import checkpoint as ckpt
+from rlvr import rl
+from rlvr.config import TrainConfig
+from rlvr.data import DataOrder, load_split
+from rlvr.loop_common import build_optimizer, load_policy, open_logger, restore, start_run, trainer_state, validate
+from rlvr.prompts import get_prompt
+from rlvr.rl import (Rollouts, RunMonitor, _reference_model, _step_metrics, _timed, log_step, next_questions,
+                     rollout_sampling, score_rollouts, train_on_rollouts, validation_due)
+
+log = logging.getLogger(__name__)
+
+
+class RoleFailed(RuntimeError):
+    """A Ray role died, raised, or did not answer in time; the message names it and the last checkpoint."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# The roles. Plain classes, made Ray actors by `_actor` (importing this module does not need Ray).
+
+
+def _threads(num_cpus: float) -> None:
+    torch.set_num_threads(max(1, int(num_cpus)))
+
+
+class RolloutWorker:
+    """A rollout engine in its own process; also the evaluator (worker 0 validates)."""
+
+    def __init__(self, cfg: dict, index: int):
+        from rlvr.hf_engine import HFEngine
+        from rlvr.models import load_model
+
+        self.cfg = TrainConfig.model_validate(cfg)
+        _threads(self.cfg.distributed.rollout_num_cpus)
+        model, self.tokenizer = load_model(self.cfg.model)
+        self.engine = HFEngine(model, self.tokenizer, batch_size=self.cfg.generation_batch_size,
+                               dtype=self.cfg.generation_dtype)
+        self.index, self.version = index, -1
+
+    def set_weights(self, weights: dict, version: int) -> int:
+        self.engine.load_weights(weights)
+        self.version = version
+        return version
+
+    def join_weight_group(self, host: str, port: int, names: list[str]) -> None:
+        """distributed.weight_sync=broadcast: rank index + 1 of the weight group; receive straight into the
+        engine's tensors, in `names` order (learner rank 0's)."""
+        from rlvr.parallel import WeightBroadcast
+
+        d = self.cfg.distributed
+        self.weight_group = WeightBroadcast(host, port, self.index + 1, d.rollout_workers + 1, d.backend, d.timeout_s)
+        tensors = dict(self.engine.model.named_parameters())
+        tensors.update(dict(self.engine.model.named_buffers()))
+        self.receive_into = [tensors[name] for name in names]
+
+    def receive_weights(self, version: int) -> int:
+        self.weight_group.broadcast_(self.receive_into)
+        self.version = version
+        return version
+
+    def generate(self, prompts: list[str], sampling) -> tuple[list, int, float]:
+        """(completions, the policy version that produced them, seconds)."""
+        start = time.perf_counter()
+        return self.engine.generate(prompts, sampling), self.version, time.perf_counter() - start
+
+    def validate(self, examples: list) -> dict:
+        metrics, _ = validate(self.engine, self.engine.model, examples, get_prompt(self.cfg.prompt), self.tokenizer,
+                              self.cfg)
+        return metrics
+
+
+class Learner:
+    """One data-parallel learner: the trainable policy, its optimizer and schedule, the KL reference."""
+
+    def __init__(self, cfg: dict, rank: int, world_size: int):
+        self.cfg = TrainConfig.model_validate(cfg)
+        self.rank, self.world_size, self.parallel = rank, world_size, None
+        _threads(self.cfg.distributed.learner_num_cpus)
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0's address and a free port for the process group."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def setup(self, master_addr: str, master_port: int) -> dict | None:
+        """Join the group, load the policy (from the last checkpoint when resuming); returns the checkpoint's
+        loop state (step, data position, monitor) or None."""
+        cfg = self.cfg
+        if self.world_size > 1:
+            from rlvr.parallel import init_learner_group
+
+            self.parallel = init_learner_group(self.rank, self.world_size, master_addr, master_port,
+                                               cfg.distributed.backend, cfg.distributed.timeout_s)
+        ckpt.seed_everything(cfg.seed)
+        self.run_dir = Path(cfg.out)
+        self.model, self.tokenizer, state = load_policy(cfg, self.run_dir)
+        if self.parallel is not None:  # identical replicas, whatever the loading did (LoRA's random init)
+            self.parallel.broadcast_module_(self.model)
+        self.spec = cfg.estimator
+        self.optimizer, self.scheduler = build_optimizer(self.model, cfg, cfg.steps * self.spec.steps_per_rollout)
+        self.reference = _reference_model(cfg)
+        restore(state, self.optimizer, self.scheduler, DataOrder(1, "learner"))
+        if state is None:
+            return None
+        return {k: state[k] for k in ("step", "epoch", "position", "monitor")}
+
+    def train(self, batch, step: int, tis_cap: float | None) -> dict:
+        times: dict[str, float] = {}
+        updates = train_on_rollouts(self.model, self.optimizer, self.scheduler, self.reference, batch, self.spec,
+                                    self.cfg, step, times, parallel=self.parallel, tis_cap=tis_cap)
+        return {"updates": updates, "lr": self.scheduler.get_last_lr()[0], "times": times}
+
+    def weights(self) -> dict:
+        from rlvr.hf_engine import engine_weights
+
+        return engine_weights(self.model, self.cfg.generation_dtype)
+
+    def weight_names(self) -> list[str]:
+        """The order the weight broadcast sends tensors in."""
+        return list(self.weights())
+
+    def join_weight_group(self, host: str, port: int) -> None:
+        """Rank 0 of the weight-broadcast group (see RolloutWorker.join_weight_group)."""
+        from rlvr.parallel import WeightBroadcast
+
+        d = self.cfg.distributed
+        self.weight_group = WeightBroadcast(host, port, 0, d.rollout_workers + 1, d.backend, d.timeout_s)
+
+    def broadcast_weights(self) -> None:
+        self.weight_group.broadcast_(list(self.weights().values()))
+
+    def save_checkpoint(self, step: int, order: DataOrder, monitor: dict) -> str:
+        return str(ckpt.save_checkpoint(self.run_dir, step, self.model, self.tokenizer,
+                                        trainer_state(self.optimizer, self.scheduler, order, monitor=monitor),
+                                        keep=self.cfg.keep_checkpoints))
+
+    def save_final(self, summary: dict) -> str:
+        return str(ckpt.save_final(self.run_dir, self.model, self.tokenizer, summary))
+
+    def close(self) -> None:
+        if self.parallel is not None:
+            torch.distributed.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Starting the roles and waiting for them.
+
+
+def start_ray(cfg: TrainConfig) -> bool:
+    """Join `distributed.address` or start a local Ray with enough CPUs for every role; True if started here."""
+    import ray
+
+    d = cfg.distributed
+    if ray.is_initialized():
+        return False
+    if d.address:
+        ray.init(address=d.address, log_to_driver=True)
+        return True
+    wanted = d.rollout_workers * d.rollout_num_cpus + d.learners * d.learner_num_cpus
+    # logical CPUs: in synchronous mode the roles take turns, so a 2-core machine can host 2 workers + 2 learners
+    ray.init(num_cpus=max(os.cpu_count() or 1, int(wanted + 0.999)), include_dashboard=False, log_to_driver=True,
+             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    return True
+
+
+class Roles:
+    """The run's actors, and every wait on them with a timeout and a name."""
+
+    def __init__(self, cfg: TrainConfig):
+        import ray
+
+        d = cfg.distributed
+        payload = cfg.model_dump(mode="json", by_alias=True)
+        worker_cls = ray.remote(num_cpus=d.rollout_num_cpus, num_gpus=d.rollout_num_gpus)(RolloutWorker)
+        learner_cls = ray.remote(num_cpus=d.learner_num_cpus, num_gpus=d.learner_num_gpus)(Learner)
+        self.cfg, self.run_dir = cfg, Path(cfg.out)
+        self.workers = [worker_cls.remote(payload, i) for i in range(d.rollout_workers)]
+        self.learners = [learner_cls.remote(payload, r, d.learners) for r in range(d.learners)]
+        self.names = {**{w: f"rollout worker {i}" for i, w in enumerate(self.workers)},
+                      **{a: f"learner rank {r}" for r, a in enumerate(self.learners)}}
+
+    def wait(self, refs: list, actors: list, what: str) -> list:
+        """ray.get with the run's timeout; a failure names the role, what it was doing and the checkpoint."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+        try:
+            return ray.get(refs, timeout=self.cfg.distributed.timeout_s)
+        except GetTimeoutError:
+            raise RoleFailed(f"no answer after {self.cfg.distributed.timeout_s:.0f} s from "
+                             f"{', '.join(self.names[a] for a in actors)} ({what}); {self._resume_hint()}") from None
+        except RayActorError as err:
+            who = self._dead(actors) or ", ".join(self.names[a] for a in actors)
+            raise RoleFailed(f"{who} died ({what}): {str(err).splitlines()[0]}; {self._resume_hint()}") from None
+        except RayTaskError as err:
+            who = ", ".join(self.names[a] for a in actors)
+            raise RoleFailed(f"{who} raised ({what}): {err.cause!r}; {self._resume_hint()}") from err.cause
+
+    def _dead(self, actors: list) -> str:
+        import ray
+
+        dead = []
+        for a in actors:
+            try:
+                ray.get(a.__ray_ready__.remote(), timeout=5)
+            except Exception:  # noqa: BLE001 -- any failure to answer marks it
+                dead.append(self.names[a])
+        return ", ".join(dead)
+
+    def _resume_hint(self) -> str:
+        last = ckpt.latest_checkpoint(self.run_dir)
+        return (f"last checkpoint {last}: continue with resume=true" if last is not None else
+                "no checkpoint yet (save_every): resume=true starts from the beginning")
+
+    def setup_learners(self) -> dict | None:
+        import ray
+
+        addr, port = self.wait([self.learners[0].rendezvous.remote()], self.learners[:1], "choosing a port")[0]
+        states = self.wait([a.setup.remote(addr, port) for a in self.learners], self.learners,
+                           "joining the process group and loading the policy")
+        self.wait([w.__ray_ready__.remote() for w in self.workers], self.workers, "loading the model")
+        if self.cfg.distributed.weight_sync == "broadcast":
+            host, port = self.wait([self.learners[0].rendezvous.remote()], self.learners[:1], "choosing a port")[0]
+            names = self.wait([self.learners[0].weight_names.remote()], self.learners[:1], "listing the weights")[0]
+            self.wait([self.learners[0].join_weight_group.remote(host, port),
+                       *[w.join_weight_group.remote(host, port, names) for w in self.workers]],
+                      self.learners[:1] + self.workers, "forming the weight-broadcast group")
+        return states[0]
+
+    def push_weights(self, version: int) -> None:
+        """Learner rank 0's weights to every worker; each applies them before its next generate (Ray runs an
+        actor's calls in order). object_store: one put, one read per worker; broadcast: one collective."""
+        if self.cfg.distributed.weight_sync == "broadcast":
+            self.pending_sync = [self.learners[0].broadcast_weights.remote(),
+                                 *[w.receive_weights.remote(version) for w in self.workers]]
+            return
+        weights = self.learners[0].weights.remote()
+        self.pending_sync = [w.set_weights.remote(weights, version) for w in self.workers]
+
+    def train(self, batch, step: int, tis_cap: float | None) -> dict:
+        refs = [a.train.remote(batch, step, tis_cap) for a in self.learners]
+        return self.wait(refs, self.learners, f"training step {step}")[0]  # every rank reports the same
+
+    def close(self) -> None:
+        import ray
+
+        try:
+            ray.get([a.close.remote() for a in self.learners], timeout=30)
+        except Exception:  # noqa: BLE001 -- closing after a failure must not hide it
+            pass
+        for actor in self.workers + self.learners:
+            ray.kill(actor)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The driver.
+
+
+@dataclasses.dataclass
+class _InFlight:
+    """A rollout batch being generated: its data, the worker, the version of the weights it samples from."""
+
+    index: int  # 1, 2, ...: the batch's place in submission order (its sampling seed)
+    questions: list
+    prompts: list[str]
+    worker: object
+    version: int
+    ref: object
+    submitted: float
+
+
+def behaviour_log_probs(rollouts: Rollouts, labels: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The engine's sampling-time log-probs placed at the batch's response positions; NaN (meaning "use the
+    live policy's") where the re-tokenised response differs from the sampled tokens. Returns (N, T), rows unknown."""
+    out = torch.full(labels.shape, float("nan"))
+    unknown = 0
+    for j, c in enumerate(rollouts.completions):
+        positions = response_mask[j].nonzero().squeeze(-1)
+        ids = labels[j, positions].tolist()
+        if c.logprobs is not None and list(c.token_ids[: len(ids)]) == ids:
+            out[j, positions] = torch.tensor(c.logprobs[: len(ids)], dtype=torch.float32)
+        elif ids:
+            unknown += 1
+    return out, unknown
+
+
+def train_distributed(cfg: TrainConfig) -> dict:
+    """`rlvr train` with distributed.rollout_workers >= 1 or distributed.learners >= 2 (see the module doc)."""
+    import ray
+    from tqdm import tqdm
+
+    from rlvr.models import load_tokenizer
+
+    if cfg.distributed.rollout_workers < 1:
+        raise ValueError("distributed.learners > 1 needs distributed.rollout_workers >= 1 (the learners do not "
+                         "generate)")
+    run_dir = start_run(cfg)
+    ckpt.seed_everything(cfg.seed)
+    prompt, spec = get_prompt(cfg.prompt), cfg.estimator
+    train = load_split(cfg, "train", cfg.train_limit)
+    val = load_split(cfg, "validation", cfg.eval_limit)
+    reward_fn = rl.build_reward_fn(cfg, prompt.reward)
+    tokenizer = load_tokenizer(cfg.model)
+    started = start_ray(cfg)
+    roles = Roles(cfg)
+    try:
+        state = roles.setup_learners()
+        monitor = RunMonitor(cfg.max_new_tokens)
+        order = DataOrder(len(train), f"grpo-{cfg.seed}")
+        step = 0
+        if state is not None:
+            step, order = state["step"], DataOrder(order.n, order.key, state["epoch"], state["position"])
+            monitor.load(state["monitor"])
+        logger = open_logger(run_dir, cfg, state)
+        roles.push_weights(step)
+        if step == 0 and cfg.eval_at_start:
+            metrics = roles.wait([roles.workers[0].validate.remote(val)], roles.workers[:1], "validating step 0")[0]
+            logger.log(0, metrics)
+        loop = _AsyncLoop if cfg.async_.max_staleness else _SyncLoop
+        driver = loop(cfg, roles, train, order, prompt, tokenizer, reward_fn, spec, step)
+        bar = tqdm(total=cfg.steps, initial=step, desc=f"train {cfg.algorithm} (ray)", unit="step")
+        metrics: dict = {}
+        while step < cfg.steps:
+            rollouts, scored, result, times, extra = driver.step()
+            step = driver.step_count
+            metrics = {**_step_metrics(cfg, rollouts, scored, result["updates"], times, result["lr"]), **extra}
+            if validation_due(cfg, step):
+                with _timed(times, "validate"):
+                    metrics.update(roles.wait([roles.workers[0].validate.remote(val)], roles.workers[:1],
+                                              f"validating step {step}")[0])
+                metrics["time/validate"] = times["validate"]
+            log_step(step, metrics, rollouts, scored, times, monitor, logger, bar, cfg)
+            if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
+                roles.wait([roles.learners[0].save_checkpoint.remote(step, order, monitor.state())],
+                           roles.learners[:1], f"saving the step-{step} checkpoint")
+        bar.close()
+        summary = {"steps": step, "algorithm": cfg.algorithm, **{k: v for k, v in metrics.items() if k.startswith("val/")}}
+        final = roles.wait([roles.learners[0].save_final.remote(summary)], roles.learners[:1], "saving the model")[0]
+        logger.close()
+        return {**summary, "final": final}
+    finally:
+        roles.close()
+        if started:
+            ray.shutdown()
+
+
+class _SyncLoop:
+    """One rollout batch split over the workers, trained on the weights that generated it (staleness 0)."""
+
+    def __init__(self, cfg, roles: Roles, train, order, prompt, tokenizer, reward_fn, spec, step: int):
+        self.cfg, self.roles, self.train, self.order, self.prompt = cfg, roles, train, order, prompt
+        self.tokenizer, self.reward_fn, self.spec, self.step_count = tokenizer, reward_fn, spec, step
+        self.idle = self.busy = 0.0  # seconds the learners waited for rollouts / trained and synced
+
+    def idle_fraction(self) -> dict:
+        return {"time/learner_idle_fraction": self.idle / max(self.idle + self.busy, 1e-9)}
+
+    def step(self):
+        self.step_count += 1
+        step, times = self.step_count, {}
+        with _timed(times, "generate"):
+            questions, prompts = next_questions(self.train, self.order, self.prompt, self.tokenizer, self.cfg)
+            rollouts = self.generate(questions, prompts, step)
+        with _timed(times, "score"):
+            scored = score_rollouts(rollouts, self.reward_fn, self.spec, self.cfg, self.tokenizer)
+        result = self.train_and_sync(scored, step, times, tis_cap=None)
+        self.idle += times["generate"] + times["score"]
+        self.busy += times["train"] + times["sync_weights"]
+        return rollouts, scored, result, times, {"async/staleness": 0, **self.idle_fraction()}
+
+    def generate(self, questions, prompts, step: int) -> Rollouts:
+        workers = self.roles.workers
+        sampling = rollout_sampling(self.cfg, self.prompt, step)
+        bounds = [round(i * len(prompts) / len(workers)) for i in range(len(workers) + 1)]
+        refs = [w.generate.remote(prompts[a:b], sampling) for w, a, b in zip(workers, bounds, bounds[1:]) if b > a]
+        used = [w for w, a, b in zip(workers, bounds, bounds[1:]) if b > a]
+        completions = []
+        for (part, _, _), a in zip(self.roles.wait(refs, used, f"generating step {step}"), bounds):
+            for c in part:
+                c.prompt_index += a
+            completions.extend(part)
+        return Rollouts(questions, prompts, completions)
+
+    def train_and_sync(self, scored, step: int, times: dict, tis_cap: float | None) -> dict:
+        with _timed(times, "train"):
+            result = self.roles.train(scored.batch, step, tis_cap)
+        with _timed(times, "sync_weights"):
+            self.roles.push_weights(step)
+            self.roles.wait(self.roles.pending_sync, self.roles.learners[:1] + self.roles.workers,
+                            f"sending the step-{step} weights")
+        for phase in ("old_logprobs", "reference"):
+            if result["times"].get(phase):
+                times[phase] = result["times"][phase]
+        return result
+
+
+class _AsyncLoop(_SyncLoop):
+    """Bounded-staleness pipelining: batches are generated while the learners train (see the module doc)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_staleness = self.cfg.async_.max_staleness
+        self.in_flight: list[_InFlight] = []
+        self.submitted = self.step_count  # batch indices continue after a resume
+        self.version = self.step_count
+        self.dropped = 0
+        self.histogram: collections.Counter = collections.Counter()
+
+    def _fill(self, training: int) -> None:
+        """Submit batches while each would be trained at most K versions after the weights it gets: the ones
+        in flight and the one training are trained before it."""
+        while len(self.in_flight) + training <= self.max_staleness and self.submitted < self._last_index():
+            self.submitted += 1
+            questions, prompts = next_questions(self.train, self.order, self.prompt, self.tokenizer, self.cfg)
+            load = collections.Counter(f.worker for f in self.in_flight)
+            worker = min(self.roles.workers, key=lambda w: load[w])
+            sampling = rollout_sampling(self.cfg, self.prompt, self.submitted, logprobs=True)
+            self.in_flight.append(_InFlight(self.submitted, questions, prompts, worker, self.version,
+                                            worker.generate.remote(prompts, sampling), time.perf_counter()))
+
+    def _last_index(self) -> int:
+        # dropped batches are replaced, so the run can submit as many as it still needs plus those lost
+        return self.cfg.steps + self.dropped
+
+    def _next_ready(self) -> _InFlight:
+        import ray
+
+        refs = [f.ref for f in self.in_flight]
+        ready, _ = ray.wait(refs, num_returns=1, timeout=self.cfg.distributed.timeout_s)
+        if not ready:
+            self.roles.wait(refs[:1], [self.in_flight[0].worker], f"generating batch {self.in_flight[0].index}")
+        done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+        oldest = next(f for f in self.in_flight if f.ref in done)  # the oldest ready batch trains first
+        self.in_flight.remove(oldest)
+        return oldest
+
+    def step(self):
+        times: dict[str, float] = {}
+        while True:
+            self._fill(training=0)
+            waited = time.perf_counter()
+            with _timed(times, "generate"):
+                batch = self._next_ready()
+                completions, version, _ = self.roles.wait([batch.ref], [batch.worker], f"generating batch {batch.index}")[0]
+            self.idle += time.perf_counter() - waited
+            staleness = self.version - version
+            if staleness <= self.max_staleness:
+                break
+            self.dropped += 1
+            log.info("batch %d dropped: %d versions old (max_staleness=%d)", batch.index, staleness, self.max_staleness)
+        self.step_count += 1
+        step = self.step_count
+        self.histogram[staleness] += 1
+        self._fill(training=1)  # the next batches generate while this one trains
+        rollouts = Rollouts(batch.questions, batch.prompts, completions)
+        with _timed(times, "score"):
+            scored = score_rollouts(rollouts, self.reward_fn, self.spec, self.cfg, self.tokenizer)
+            behaviour, unknown = behaviour_log_probs(rollouts, scored.batch.labels, scored.batch.response_mask)
+            scored.batch.old_log_probs = behaviour
+        busy = time.perf_counter()
+        result = self.train_and_sync(scored, step, times, tis_cap=self.cfg.async_.tis_cap)
+        self.version += 1
+        self.busy += time.perf_counter() - busy
+        extra = {"async/staleness": staleness, "async/dropped_batches": self.dropped,
+                 "async/behaviour_unknown_rows": unknown, "async/in_flight": len(self.in_flight),
+                 **self.idle_fraction(),
+                 **{f"async/staleness_{k}": self.histogram[k] for k in range(self.max_staleness + 1)}}
+        return rollouts, scored, result, times, extra
+
+    def train_and_sync(self, scored, step: int, times: dict, tis_cap: float | None) -> dict:
+        with _timed(times, "train"):
+            result = self.roles.train(scored.batch, step, tis_cap)
+        # the batches in flight keep their weights; the next submissions (queued behind this) get the new ones
+        self.roles.push_weights(self.version + 1)
+        for phase in ("old_logprobs", "reference"):
+            if result["times"].get(phase):
+                times[phase] = result["times"][phase]
+        return result

@@ -1,0 +1,199 @@
+"""Ray roles (rlvr.cluster) on a local Ray: synchronous mode is the local loop, asynchronous mode keeps its
+staleness bound, weights reach every worker, a dead or silent role stops the run with its name."""
+
+import math
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from rlvr import cluster  # noqa: E402
+from rlvr import rl as train_module  # noqa: E402
+from rlvr.config import TrainConfig, load_config  # noqa: E402
+from rlvr.tracking import read_jsonl  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+
+def parity_reward(response: str, ground_truth: str) -> dict:
+    r = float(sum(map(ord, response)) % 2)
+    return {"reward": r, "format_reward": 0.0, "answer_reward": r}
+
+
+@pytest.fixture(autouse=True)
+def _parity(monkeypatch):
+    monkeypatch.setattr(train_module, "build_reward_fn", lambda cfg, name: parity_reward)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    yield
+    ray.shutdown()
+
+
+def _cfg(model_dir, out, **kw):
+    base = dict(model=str(model_dir), dataset="arithmetic:steps=1,max=9", out=str(out), steps=3,
+                rollout_batch_size=8, group_size=4, max_new_tokens=12, microbatch_size=3, learning_rate=1e-3,
+                eval_every=2, eval_limit=2, eval_max_new_tokens=4, generation_dtype="float32", precision="fp32",
+                tensorboard=False, log_rollouts_every=0)
+    base.update(kw)
+    return load_config(TrainConfig, overrides=base)
+
+
+def _metrics(out):
+    return [{k: v for k, v in row.items() if not k.startswith(("time", "async/")) and k != "val/seconds"}
+            for row in read_jsonl(out / "metrics.jsonl")]
+
+
+def _weights(out):
+    return load_file(str(out / "final" / "model.safetensors"))
+
+
+def test_synchronous_mode_is_the_local_loop(tmp_path, model_dir):
+    local = tmp_path / "local"
+    train_module.train_grpo(_cfg(model_dir, local))
+    for name, extra in (("one_worker", {"distributed.rollout_workers": 1, "async.max_staleness": 0}),
+                        ("two_workers", {"distributed.rollout_workers": 2}),
+                        ("broadcast", {"distributed.rollout_workers": 2, "distributed.weight_sync": "broadcast"})):
+        out = tmp_path / name
+        train_module.train_grpo(_cfg(model_dir, out, **extra))
+        got, want = _metrics(out), _metrics(local)
+        if name != "one_worker":
+            # each worker decodes half the prompts: the same tokens (every row has its own random stream), but
+            # a different batch shape rounds the sampler's entropies differently in the last bits
+            for g, w in zip(got, want):
+                if "train/token_entropy" in w:
+                    assert g.pop("train/token_entropy") == pytest.approx(w.pop("train/token_entropy"), rel=1e-6)
+        assert got == want, name
+        for key, value in _weights(local).items():
+            assert torch.equal(_weights(out)[key], value), (name, key)
+
+
+def test_two_learners_in_the_loop_make_the_local_updates(tmp_path, model_dir):
+    local, dist = tmp_path / "local", tmp_path / "dist"
+    train_module.train_grpo(_cfg(model_dir, local, loss_normalization="token"))
+    train_module.train_grpo(_cfg(model_dir, dist, loss_normalization="token", **{"distributed.rollout_workers": 1,
+                                                                                 "distributed.learners": 2}))
+    a, b = _metrics(local), _metrics(dist)
+    assert [m.get("train/reward") for m in a] == [m.get("train/reward") for m in b]  # the same rollouts
+    for x, y in zip(a, b):
+        for key in ("train/loss", "train/grad_norm", "train/trained_tokens"):
+            if key in x:
+                assert y[key] == pytest.approx(x[key], rel=1e-4, abs=1e-6), key
+    for key, value in _weights(local).items():
+        torch.testing.assert_close(_weights(dist)[key], value, atol=1e-5, rtol=0, msg=key)
+
+
+def test_resume_after_a_kill_continues_exactly(tmp_path, model_dir, crash_at):
+    kw = {"distributed.rollout_workers": 1, "save_every": 2, "steps": 4}
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    train_module.train_grpo(_cfg(model_dir, straight, **kw))
+    undo = crash_at(3)
+    with pytest.raises(KeyboardInterrupt):
+        train_module.train_grpo(_cfg(model_dir, killed, **kw))
+    undo()
+    train_module.train_grpo(_cfg(model_dir, killed, resume=True, **kw))
+    assert _metrics(killed) == _metrics(straight)
+
+
+def test_asynchronous_mode_keeps_staleness_within_its_bound(tmp_path, model_dir):
+    out = tmp_path / "async"
+    train_module.train_grpo(_cfg(model_dir, out, steps=5, **{"distributed.rollout_workers": 2,
+                                                             "async.max_staleness": 1}))
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "async/staleness" in r]
+    assert len(rows) == 5
+    assert all(0 <= r["async/staleness"] <= 1 for r in rows)
+    assert any(r["async/staleness"] == 1 for r in rows)  # the pipeline really overlapped
+    last = rows[-1]
+    assert last["async/staleness_0"] + last["async/staleness_1"] == 5
+    assert last["async/dropped_batches"] >= 0
+    assert 0 <= last["time/learner_idle_fraction"] <= 1
+    trained = [r for r in rows if "train/is_weight_mean" in r]
+    assert trained and all(0 < r["train/is_weight_mean"] <= 2.0 and r["train/is_weight_max"] <= 2.0 for r in trained)
+    # a random tiny model writes invalid UTF-8, whose re-tokenised text differs from the sampled bytes: those
+    # rows are counted and trained with the live policy as their old one
+    assert all(0 <= r["async/behaviour_unknown_rows"] <= 8 for r in rows)
+
+
+def test_behaviour_log_probs_land_on_the_response_positions():
+    from rlvr.rollout import Completion
+
+    labels = torch.tensor([[5, 6, 7, 0], [5, 8, 9, 0]])
+    mask = torch.tensor([[False, True, True, False], [False, True, True, False]])
+    rollouts = train_module.Rollouts([], ["p"], [Completion(0, 0, "a", [6, 7, 1], "stop", [-0.5, -1.5, -0.1]),
+                                                 Completion(0, 1, "b", [8, 4], "length", [-2.0, -3.0])])
+    out, unknown = cluster.behaviour_log_probs(rollouts, labels, mask)
+    assert unknown == 1  # row 1 re-tokenised to [8, 9], but 4 was sampled
+    assert out[0, 1:3].tolist() == [-0.5, -1.5] and torch.isnan(out[0, [0, 3]]).all() and torch.isnan(out[1]).all()
+
+
+def test_every_worker_generates_what_the_learner_weights_generate(tmp_path, model_dir):
+    from rlvr.data import DataOrder, load_split
+    from rlvr.hf_engine import HFEngine
+    from rlvr.models import load_model, load_tokenizer
+    from rlvr.prompts import get_prompt
+    from rlvr.rollout import SamplingParams
+
+    cfg = _cfg(model_dir, tmp_path / "run", **{"distributed.rollout_workers": 2})
+    roles = cluster.Roles(cfg)
+    try:
+        roles.setup_learners()
+        roles.push_weights(0)
+        train = load_split(cfg, "train", None)
+        tokenizer = load_tokenizer(cfg.model)
+        loop = cluster._SyncLoop(cfg, roles, train, DataOrder(len(train), "t"), get_prompt(cfg.prompt), tokenizer,
+                                 parity_reward, cfg.estimator, 0)
+        loop.step()
+        weights = ray.get(roles.learners[0].weights.remote())
+        model, _ = load_model(cfg.model)
+        fresh = {k: v.clone() for k, v in model.state_dict().items()}
+        model.load_state_dict(weights, strict=False)
+        assert any(not torch.equal(fresh[k], v) for k, v in weights.items())  # the step changed them
+        prompts = ["1+2=", "7+1=", "3+3="]
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+        want = [c.text for c in HFEngine(model, tokenizer).generate(prompts, greedy)]
+        for w in roles.workers:
+            got, version, _ = ray.get(w.generate.remote(prompts, greedy))
+            assert version == 1 and [c.text for c in got] == want
+    finally:
+        roles.close()
+
+
+@ray.remote
+class _Sleeper:
+    def nap(self, seconds):
+        import time
+
+        time.sleep(seconds)
+
+
+def test_a_dead_or_silent_role_stops_the_run_naming_it(tmp_path, model_dir):
+    cfg = _cfg(model_dir, tmp_path / "run", **{"distributed.rollout_workers": 1, "distributed.timeout_s": 1})
+    roles = cluster.Roles(cfg)
+    try:
+        worker = roles.workers[0]
+        ray.get(worker.__ray_ready__.remote())
+        sleeper = _Sleeper.remote()
+        roles.names[sleeper] = "rollout worker 7"
+        with pytest.raises(cluster.RoleFailed, match=r"no answer after 1 s from rollout worker 7 \(generating"):
+            roles.wait([sleeper.nap.remote(30)], [sleeper], "generating step 3")
+        ray.kill(worker)
+        with pytest.raises(cluster.RoleFailed, match=r"rollout worker 0 died \(generating step 2\).*resume=true"):
+            roles.wait([worker.generate.remote(["1+1="], None)], [worker], "generating step 2")
+        ray.kill(sleeper)
+    finally:
+        roles.close()
+
+
+def test_distributed_config_is_checked_before_any_model_loads(tmp_path, model_dir):
+    from rlvr.config import ConfigError
+
+    with pytest.raises(ConfigError, match="needs distributed.rollout_workers"):
+        _cfg(model_dir, tmp_path / "x", **{"async.max_staleness": 2})
+    with pytest.raises(ConfigError, match="not a section"):
+        _cfg(model_dir, tmp_path / "x", **{"distributd.learners": 2})
+    with pytest.raises(ValueError, match="needs distributed.rollout_workers >= 1"):
+        train_module.train_grpo(_cfg(model_dir, tmp_path / "y", **{"distributed.learners": 2}))
+    assert math.isclose(_cfg(model_dir, tmp_path / "z").async_.tis_cap, 2.0)

@@ -1,0 +1,54 @@
+"""DAPO's dynamic sampling (`rlvr train dynamic_sampling=true`): groups without reward spread are replaced by new
+questions, so every trained group carries signal."""
+
+import pytest
+
+from rlvr import rl as train_module
+from rlvr.config import TrainConfig, load_config
+from rlvr.tracking import read_jsonl
+
+
+def even_answers_only(response: str, ground_truth: str) -> dict:
+    """Questions with an odd answer always score 0 (no spread); even ones score the response's parity."""
+    r = float(sum(map(ord, response)) % 2) if int(ground_truth) % 2 == 0 else 0.0
+    return {"reward": r, "format_reward": 0.0, "answer_reward": r}
+
+
+@pytest.fixture(autouse=True)
+def _reward(monkeypatch):
+    monkeypatch.setattr(train_module, "build_reward_fn", lambda cfg, name: even_answers_only)
+
+
+def _cfg(model_dir, out, **kw):
+    base = dict(model=str(model_dir), dataset="arithmetic:steps=1,max=9", out=str(out), steps=3,
+                rollout_batch_size=12, group_size=4, max_new_tokens=8, microbatch_size=4, learning_rate=1e-3,
+                eval_every=0, eval_at_start=False, eval_at_end=False, generation_dtype="float32", precision="fp32",
+                tensorboard=False, log_rollouts_every=1)
+    base.update(kw)
+    return load_config(TrainConfig, overrides=base)
+
+
+def test_dynamic_sampling_trains_only_groups_with_spread(tmp_path, model_dir):
+    plain, dynamic = tmp_path / "plain", tmp_path / "dynamic"
+    train_module.train_grpo(_cfg(model_dir, plain))
+    train_module.train_grpo(_cfg(model_dir, dynamic, dynamic_sampling=True, dynamic_sampling_rounds=6))
+    before = [r for r in read_jsonl(plain / "metrics.jsonl") if "train/reward" in r]
+    after = [r for r in read_jsonl(dynamic / "metrics.jsonl") if "train/reward" in r]
+    assert sum(r["train/frac_groups_zero_std"] for r in before) > 0  # odd answers give dead groups
+    for r in after:
+        assert r["train/dynamic_kept_groups"] == 3 and r["train/frac_groups_zero_std"] == 0.0
+        assert r["train/dynamic_rounds"] >= 1
+        assert r["train/dynamic_sampled_rollouts"] >= 12
+    rows = read_jsonl(dynamic / "rollouts.jsonl")
+    assert rows and all(int(row["ground_truth"]) % 2 == 0 for row in rows)  # only questions that can have spread
+
+
+def test_dynamic_sampling_short_of_groups_trains_what_it_found(tmp_path, model_dir):
+    # one round only: the batch is whatever had spread in it (fewer groups), and the step still trains
+    out = tmp_path / "short"
+    train_module.train_grpo(_cfg(model_dir, out, dynamic_sampling=True, dynamic_sampling_rounds=1, steps_per_rollout=2,
+                                 algorithm="offpolicy_clip", rollout_batch_size=24))
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "train/reward" in r]
+    assert all(r["train/dynamic_rounds"] == 1 and r["train/dynamic_sampled_rollouts"] == 24 for r in rows)
+    assert any(0 < r["train/dynamic_kept_groups"] < 6 for r in rows)
+    assert all(r["train/nonfinite_steps"] == 0 for r in rows)
