@@ -11,7 +11,7 @@ def test_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
     out = tmp_path / "demo"
     args = ["demo", f"model={model_dir}", "dataset=arithmetic:steps=1,max=9", f"out={out}", "eval_limit=3",
             "eval_max_new_tokens=4", "sft_steps=2", "sft_batch_size=2", "grpo_steps=1", "rollout_batch_size=4",
-            "group_size=2", "max_new_tokens=4"]
+            "group_size=2", "max_new_tokens=4", "baseline_limit=2", "baseline_max_new_tokens=4"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     table = (out / "results.md").read_text()
@@ -19,8 +19,20 @@ def test_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
         assert f"| {stage} |" in table
     for stage in ("eval_baseline", "eval_sft", "eval_grpo"):
         assert json.loads((out / stage / "summary.json").read_text())["n"] == 3
+    prompting = json.loads((out / "eval_prompting" / "summary.json").read_text())
+    assert prompting["n"] == 2 and prompting["dataset"] == "gsm8k"  # the prompting baseline, on GSM8K
+    assert "| prompting only |" in table and "Prompting baseline on gsm8k" in table and "+- " in table
     assert (out / "sft" / "final" / "DONE").is_file() and (out / "grpo" / "final" / "DONE").is_file()
     stamp = (out / "sft" / "final" / "DONE").stat().st_mtime
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0, again.output
     assert (out / "sft" / "final" / "DONE").stat().st_mtime == stamp  # finished stages are not redone
+
+
+def test_a_demo_directory_of_other_settings_is_refused_not_reused(tmp_path, model_dir):
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / "config.yaml").write_text("dataset: gsm8k\n")
+    result = CliRunner().invoke(app, ["demo", f"model={model_dir}", f"out={out}"])
+    assert result.exit_code != 0
+    assert "holds a demo run with other settings" in result.output and "dataset" in result.output

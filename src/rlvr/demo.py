@@ -1,10 +1,11 @@
 """`rlvr demo` (what `make demo` runs): the whole pipeline on the embedded default model and data.
 
-    1. baseline   evaluate the default model with the r1_zero prompt (greedy)
+    0. prompting  the default model on GSM8K with the r1_zero prompt (greedy): what it does untrained
+    1. baseline   the same on the demo's task (default: generated arithmetic word problems)
     2. sft        teach the r1_zero answer format on worked training solutions
-    3. grpo       a short GRPO run from the SFT checkpoint
-    4. final      evaluate the SFT and GRPO models on the same questions
-    5. a before/after table (also written to <out>/results.md)
+    3. grpo       GRPO from the SFT checkpoint
+    4. final      evaluate the SFT and GRPO models on the same test questions
+    5. a before/after table with 95 % intervals (also written to <out>/results.md)
 
 Every stage writes into its own directory under `out` and is skipped when it already finished there, so an
 interrupted demo picks up where it stopped.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -22,14 +24,16 @@ from rlvr.config import DemoConfig, EvalConfig, SFTConfig, TrainConfig, load_con
 log = logging.getLogger(__name__)
 
 
-def _eval(cfg: DemoConfig, model: str, out: Path) -> dict:
+def _eval(cfg: DemoConfig, model: str, out: Path, baseline: bool = False) -> dict:
     from rlvr.evaluate import run_eval
 
     summary_file = out / "summary.json"
     if summary_file.is_file():
         return json.loads(summary_file.read_text())
+    dataset, limit, tokens = ((cfg.baseline_dataset, cfg.baseline_limit, cfg.baseline_max_new_tokens) if baseline
+                              else (cfg.dataset, cfg.eval_limit, cfg.eval_max_new_tokens))
     eval_cfg = load_config(EvalConfig, overrides=dict(
-        model=model, dataset=cfg.dataset, split="test", limit=cfg.eval_limit, max_new_tokens=cfg.eval_max_new_tokens,
+        model=model, dataset=dataset, split="test", limit=limit, max_new_tokens=tokens,
         dtype="bfloat16", out=str(out), examples_per_category=1, seed=cfg.seed))
     return run_eval(eval_cfg)
 
@@ -39,12 +43,26 @@ def run_demo(cfg: DemoConfig) -> list[dict]:
     from rlvr.rl import train_grpo
 
     out = Path(cfg.out)
+    saved = out / "config.yaml"
+    if saved.is_file():  # finished stages are reused: only when they were made by this same config
+        import yaml
+
+        before = yaml.safe_load(saved.read_text()) or {}
+        changed = sorted(k for k, v in cfg.model_dump(mode="json").items() if before.get(k) != v)
+        if changed:
+            raise FileExistsError(f"{out} holds a demo run with other settings ({', '.join(changed)}); its finished "
+                                  "stages would be reused: pass another out=... or remove that directory")
     out.mkdir(parents=True, exist_ok=True)
-    cfg.save(out / "config.yaml")
+    cfg.save(saved)
     started = time.perf_counter()
     rows = []
     timings = {}
 
+    prompting = None
+    if cfg.baseline_dataset:
+        t = time.perf_counter()
+        prompting = _eval(cfg, cfg.model, out / "eval_prompting", baseline=True)
+        timings[f"{cfg.baseline_dataset} prompting baseline"] = time.perf_counter() - t
     t = time.perf_counter()
     rows.append(("baseline", _eval(cfg, cfg.model, out / "eval_baseline")))
     timings["baseline eval"] = time.perf_counter() - t
@@ -73,35 +91,47 @@ def run_demo(cfg: DemoConfig) -> list[dict]:
     rows.append(("after SFT + GRPO", _eval(cfg, str(out / "grpo" / "final"), out / "eval_grpo")))
     timings["grpo eval"] = time.perf_counter() - t
 
-    table = _table(rows, cfg, timings, time.perf_counter() - started)
+    table = _table(rows, cfg, timings, time.perf_counter() - started, prompting)
     (out / "results.md").write_text(table, encoding="utf-8")
-    _print(rows, cfg)
+    if prompting is not None:
+        _print([(f"{cfg.baseline_dataset}, prompting only", prompting)],
+               f"prompting baseline on {cfg.baseline_dataset} test ({cfg.baseline_limit} questions, greedy)")
+    _print(rows, f"before / after on {cfg.dataset} test ({cfg.eval_limit} questions, greedy)")
     print(f"\nwrote {out / 'results.md'}; total {time.perf_counter() - started:.0f} s")
     return [dict(stage=name, **summary) for name, summary in rows]
 
 
-def _table(rows, cfg: DemoConfig, timings: dict, total: float) -> str:
-    lines = [f"# rlvr demo: {cfg.model} on {cfg.dataset} test (first {cfg.eval_limit} questions, greedy)", "",
-             "| stage | accuracy | format rate | correct | formatted, wrong | unformatted | mean tokens |",
-             "|---|---|---|---|---|---|---|"]
-    for name, s in rows:
-        c = s["categories"]
-        lines.append(f"| {name} | {s['accuracy']:.3f} | {s['format_rate']:.3f} | {c['format1_answer1']} | "
-                     f"{c['format1_answer0']} | {c['format0_answer0']} | {s['mean_response_tokens']:.0f} |")
+_COLUMNS = ("stage", "accuracy", "95% interval", "format rate", "correct", "formatted, wrong", "unformatted",
+            "mean tokens")
+
+
+def _cells(name: str, s: dict) -> list[str]:
+    c, p, n = s["categories"], s["accuracy"], s["n"]
+    half = 1.96 * math.sqrt(p * (1 - p) / n) if n else 0.0  # normal approximation of a binomial proportion
+    return [name, f"{p:.3f}", f"+- {half:.3f}", f"{s['format_rate']:.3f}", str(c["format1_answer1"]),
+            str(c["format1_answer0"]), str(c["format0_answer0"]), f"{s['mean_response_tokens']:.0f}"]
+
+
+def _table(rows, cfg: DemoConfig, timings: dict, total: float, prompting: dict | None = None) -> str:
+    head = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    lines = [f"# rlvr demo: {cfg.model}", ""]
+    if prompting is not None:
+        lines += [f"Prompting baseline on {cfg.baseline_dataset} test (first {cfg.baseline_limit} questions, greedy, "
+                  "no training):", "", *head, "| " + " | ".join(_cells("prompting only", prompting)) + " |", ""]
+    lines += [f"Training on {cfg.dataset}: test (first {cfg.eval_limit} questions, greedy) before and after:", "",
+              *head, *["| " + " | ".join(_cells(name, s)) + " |" for name, s in rows]]
     lines += ["", "| phase | seconds |", "|---|---|"]
     lines += [f"| {k} | {v:.0f} |" for k, v in timings.items()] + [f"| total | {total:.0f} |", ""]
     return "\n".join(lines)
 
 
-def _print(rows, cfg: DemoConfig) -> None:
+def _print(rows, title: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"before / after on {cfg.dataset} test ({cfg.eval_limit} questions, greedy)")
-    for col in ("stage", "accuracy", "format rate", "correct", "formatted, wrong", "unformatted", "mean tokens"):
+    table = Table(title=title)
+    for col in _COLUMNS:
         table.add_column(col, justify="right" if col != "stage" else "left")
     for name, s in rows:
-        c = s["categories"]
-        table.add_row(name, f"{s['accuracy']:.3f}", f"{s['format_rate']:.3f}", str(c["format1_answer1"]),
-                      str(c["format1_answer0"]), str(c["format0_answer0"]), f"{s['mean_response_tokens']:.0f}")
+        table.add_row(*_cells(name, s))
     Console().print(table)
