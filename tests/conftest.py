@@ -37,6 +37,18 @@ def make_model(vocab_size: int, seed: int = 0, layers: int = 2, hidden: int = 32
     return model.eval()
 
 
+def train_cfg(model_dir, out, **overrides):
+    """A TrainConfig for the tiny model: 3 steps of 8 rollouts (2 questions x 4) of up to 12 tokens, fp32,
+    validation on 2 questions every 2 steps; `overrides` (dotted section keys too) change any field."""
+    from rlvr.config import TrainConfig, load_config
+
+    base = dict(model=str(model_dir), dataset="arithmetic:steps=1,max=9", out=str(out), steps=3,
+                rollout_batch_size=8, group_size=4, max_new_tokens=12, microbatch_size=3, learning_rate=1e-3,
+                eval_every=2, eval_limit=2, eval_max_new_tokens=4, generation_dtype="float32", precision="fp32",
+                tensorboard=False, log_rollouts_every=2)
+    return load_config(TrainConfig, overrides={**base, **overrides})
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return make_tokenizer()

@@ -8,9 +8,9 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from conftest import train_cfg  # noqa: E402
 from rlvr import cluster  # noqa: E402
 from rlvr import rl as train_module  # noqa: E402
-from rlvr.config import TrainConfig, load_config  # noqa: E402
 from rlvr.tracking import read_jsonl  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
@@ -34,12 +34,7 @@ def local_ray():
 
 
 def _cfg(model_dir, out, **kw):
-    base = dict(model=str(model_dir), dataset="arithmetic:steps=1,max=9", out=str(out), steps=3,
-                rollout_batch_size=8, group_size=4, max_new_tokens=12, microbatch_size=3, learning_rate=1e-3,
-                eval_every=2, eval_limit=2, eval_max_new_tokens=4, generation_dtype="float32", precision="fp32",
-                tensorboard=False, log_rollouts_every=0)
-    base.update(kw)
-    return load_config(TrainConfig, overrides=base)
+    return train_cfg(model_dir, out, **{"log_rollouts_every": 0, **kw})
 
 
 def _metrics(out):
@@ -155,7 +150,7 @@ def test_every_worker_generates_what_the_learner_weights_generate(tmp_path, mode
         greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
         want = [c.text for c in HFEngine(model, tokenizer).generate(prompts, greedy)]
         for w in roles.workers:
-            got, version, _ = ray.get(w.generate.remote(prompts, greedy))
+            got, version = ray.get(w.generate.remote(prompts, greedy))
             assert version == 1 and [c.text for c in got] == want
     finally:
         roles.close()

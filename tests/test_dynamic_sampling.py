@@ -3,8 +3,8 @@ questions, so every trained group carries signal."""
 
 import pytest
 
+from conftest import train_cfg
 from rlvr import rl as train_module
-from rlvr.config import TrainConfig, load_config
 from rlvr.tracking import read_jsonl
 
 
@@ -20,12 +20,9 @@ def _reward(monkeypatch):
 
 
 def _cfg(model_dir, out, **kw):
-    base = dict(model=str(model_dir), dataset="arithmetic:steps=1,max=9", out=str(out), steps=3,
-                rollout_batch_size=12, group_size=4, max_new_tokens=8, microbatch_size=4, learning_rate=1e-3,
-                eval_every=0, eval_at_start=False, eval_at_end=False, generation_dtype="float32", precision="fp32",
-                tensorboard=False, log_rollouts_every=1)
-    base.update(kw)
-    return load_config(TrainConfig, overrides=base)
+    return train_cfg(model_dir, out, **{"rollout_batch_size": 12, "max_new_tokens": 8, "microbatch_size": 4,
+                                        "eval_every": 0, "eval_at_start": False, "eval_at_end": False,
+                                        "log_rollouts_every": 1, **kw})
 
 
 def test_dynamic_sampling_trains_only_groups_with_spread(tmp_path, model_dir):

@@ -6,9 +6,10 @@ import math
 import pytest
 from typer.testing import CliRunner
 
+from conftest import train_cfg
 from rlvr import rl as train_module
 from rlvr.cli import app
-from rlvr.config import TrainConfig, load_config
+from rlvr.config import load_config
 from rlvr.estimators import PRESETS
 from rlvr.tracking import read_jsonl
 
@@ -25,13 +26,7 @@ def _parity(monkeypatch):
     monkeypatch.setattr(train_module, "build_reward_fn", lambda cfg, name: parity_reward)
 
 
-def _cfg(model_dir, out, **kw):
-    base = dict(model=str(model_dir), dataset="arithmetic:steps=1,max=9", out=str(out), steps=3,
-                rollout_batch_size=8, group_size=4, max_new_tokens=12, microbatch_size=3, learning_rate=1e-3,
-                eval_every=2, eval_limit=2, eval_max_new_tokens=4, generation_dtype="float32", precision="fp32",
-                tensorboard=False, log_rollouts_every=2)
-    base.update(kw)
-    return load_config(TrainConfig, overrides=base)
+_cfg = train_cfg
 
 
 ALWAYS = ["train/loss", "train/grad_norm", "train/token_entropy", "train/reward", "train/format_reward",

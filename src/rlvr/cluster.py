@@ -54,7 +54,7 @@ class RoleFailed(RuntimeError):
 
 
 # ----------------------------------------------------------------------------------------------------
-# The roles. Plain classes, made Ray actors by `_actor` (importing this module does not need Ray).
+# The roles. Plain classes, made Ray actors by `Roles` (importing this module does not need Ray).
 
 
 def _threads(num_cpus: float) -> None:
@@ -87,8 +87,7 @@ class RolloutWorker:
 
         d = self.cfg.distributed
         self.weight_group = WeightBroadcast(host, port, self.index + 1, d.rollout_workers + 1, d.backend, d.timeout_s)
-        tensors = dict(self.engine.model.named_parameters())
-        tensors.update(dict(self.engine.model.named_buffers()))
+        tensors = self.engine.named_tensors()
         self.receive_into = [tensors[name] for name in names]
 
     def receive_weights(self, version: int) -> int:
@@ -96,10 +95,9 @@ class RolloutWorker:
         self.version = version
         return version
 
-    def generate(self, prompts: list[str], sampling) -> tuple[list, int, float]:
-        """(completions, the policy version that produced them, seconds)."""
-        start = time.perf_counter()
-        return self.engine.generate(prompts, sampling), self.version, time.perf_counter() - start
+    def generate(self, prompts: list[str], sampling) -> tuple[list, int]:
+        """(completions, the policy version that produced them)."""
+        return self.engine.generate(prompts, sampling), self.version
 
     def validate(self, examples: list) -> dict:
         metrics, _ = validate(self.engine, self.engine.model, examples, get_prompt(self.cfg.prompt), self.tokenizer,
@@ -254,8 +252,6 @@ class Roles:
                 "no checkpoint yet (save_every): resume=true starts from the beginning")
 
     def setup_learners(self) -> dict | None:
-        import ray
-
         addr, port = self.wait([self.learners[0].rendezvous.remote()], self.learners[:1], "choosing a port")[0]
         states = self.wait([a.setup.remote(addr, port) for a in self.learners], self.learners,
                            "joining the process group and loading the policy")
@@ -282,6 +278,9 @@ class Roles:
         refs = [a.train.remote(batch, step, tis_cap) for a in self.learners]
         return self.wait(refs, self.learners, f"training step {step}")[0]  # every rank reports the same
 
+    def validate(self, examples: list, step: int) -> dict:
+        return self.wait([self.workers[0].validate.remote(examples)], self.workers[:1], f"validating step {step}")[0]
+
     def close(self) -> None:
         import ray
 
@@ -307,7 +306,6 @@ class _InFlight:
     worker: object
     version: int
     ref: object
-    submitted: float
 
 
 def behaviour_log_probs(rollouts: Rollouts, labels: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -355,8 +353,7 @@ def train_distributed(cfg: TrainConfig) -> dict:
         logger = open_logger(run_dir, cfg, state)
         roles.push_weights(step)
         if step == 0 and cfg.eval_at_start:
-            metrics = roles.wait([roles.workers[0].validate.remote(val)], roles.workers[:1], "validating step 0")[0]
-            logger.log(0, metrics)
+            logger.log(0, roles.validate(val, 0))
         loop = _AsyncLoop if cfg.async_.max_staleness else _SyncLoop
         driver = loop(cfg, roles, train, order, prompt, tokenizer, reward_fn, spec, step)
         bar = tqdm(total=cfg.steps, initial=step, desc=f"train {cfg.algorithm} (ray)", unit="step")
@@ -367,8 +364,7 @@ def train_distributed(cfg: TrainConfig) -> dict:
             metrics = {**_step_metrics(cfg, rollouts, scored, result["updates"], times, result["lr"]), **extra}
             if validation_due(cfg, step):
                 with _timed(times, "validate"):
-                    metrics.update(roles.wait([roles.workers[0].validate.remote(val)], roles.workers[:1],
-                                              f"validating step {step}")[0])
+                    metrics.update(roles.validate(val, step))
                 metrics["time/validate"] = times["validate"]
             log_step(step, metrics, rollouts, scored, times, monitor, logger, bar, cfg)
             if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
@@ -416,19 +412,22 @@ class _SyncLoop:
         refs = [w.generate.remote(prompts[a:b], sampling) for w, a, b in zip(workers, bounds, bounds[1:]) if b > a]
         used = [w for w, a, b in zip(workers, bounds, bounds[1:]) if b > a]
         completions = []
-        for (part, _, _), a in zip(self.roles.wait(refs, used, f"generating step {step}"), bounds):
+        for (part, _), a in zip(self.roles.wait(refs, used, f"generating step {step}"), bounds):
             for c in part:
                 c.prompt_index += a
             completions.extend(part)
         return Rollouts(questions, prompts, completions)
 
-    def train_and_sync(self, scored, step: int, times: dict, tis_cap: float | None) -> dict:
+    def train_and_sync(self, scored, step: int, times: dict, tis_cap: float | None, wait: bool = True) -> dict:
+        """Train step `step`, then send its weights (version `step`) to every worker. `wait=False` (async): the
+        batches in flight keep the weights they started with; the submissions queued behind this get the new."""
         with _timed(times, "train"):
             result = self.roles.train(scored.batch, step, tis_cap)
         with _timed(times, "sync_weights"):
             self.roles.push_weights(step)
-            self.roles.wait(self.roles.pending_sync, self.roles.learners[:1] + self.roles.workers,
-                            f"sending the step-{step} weights")
+            if wait:
+                self.roles.wait(self.roles.pending_sync, self.roles.learners[:1] + self.roles.workers,
+                                f"sending the step-{step} weights")
         for phase in ("old_logprobs", "reference"):
             if result["times"].get(phase):
                 times[phase] = result["times"][phase]
@@ -443,21 +442,20 @@ class _AsyncLoop(_SyncLoop):
         self.max_staleness = self.cfg.async_.max_staleness
         self.in_flight: list[_InFlight] = []
         self.submitted = self.step_count  # batch indices continue after a resume
-        self.version = self.step_count
         self.dropped = 0
         self.histogram: collections.Counter = collections.Counter()
 
     def _fill(self, training: int) -> None:
-        """Submit batches while each would be trained at most K versions after the weights it gets: the ones
-        in flight and the one training are trained before it."""
+        """Submit batches while each would be trained at most K versions after the weights it gets (version
+        step_count, the steps trained so far): the ones in flight and the one training are trained before it."""
         while len(self.in_flight) + training <= self.max_staleness and self.submitted < self._last_index():
             self.submitted += 1
             questions, prompts = next_questions(self.train, self.order, self.prompt, self.tokenizer, self.cfg)
             load = collections.Counter(f.worker for f in self.in_flight)
             worker = min(self.roles.workers, key=lambda w: load[w])
             sampling = rollout_sampling(self.cfg, self.prompt, self.submitted, logprobs=True)
-            self.in_flight.append(_InFlight(self.submitted, questions, prompts, worker, self.version,
-                                            worker.generate.remote(prompts, sampling), time.perf_counter()))
+            self.in_flight.append(_InFlight(self.submitted, questions, prompts, worker, self.step_count,
+                                            worker.generate.remote(prompts, sampling)))
 
     def _last_index(self) -> int:
         # dropped batches are replaced, so the run can submit as many as it still needs plus those lost
@@ -482,15 +480,14 @@ class _AsyncLoop(_SyncLoop):
             waited = time.perf_counter()
             with _timed(times, "generate"):
                 batch = self._next_ready()
-                completions, version, _ = self.roles.wait([batch.ref], [batch.worker], f"generating batch {batch.index}")[0]
+                completions, version = self.roles.wait([batch.ref], [batch.worker], f"generating batch {batch.index}")[0]
             self.idle += time.perf_counter() - waited
-            staleness = self.version - version
+            staleness = self.step_count - version
             if staleness <= self.max_staleness:
                 break
             self.dropped += 1
             log.info("batch %d dropped: %d versions old (max_staleness=%d)", batch.index, staleness, self.max_staleness)
-        self.step_count += 1
-        step = self.step_count
+        step = self.step_count + 1
         self.histogram[staleness] += 1
         self._fill(training=1)  # the next batches generate while this one trains
         rollouts = Rollouts(batch.questions, batch.prompts, completions)
@@ -499,21 +496,11 @@ class _AsyncLoop(_SyncLoop):
             behaviour, unknown = behaviour_log_probs(rollouts, scored.batch.labels, scored.batch.response_mask)
             scored.batch.old_log_probs = behaviour
         busy = time.perf_counter()
-        result = self.train_and_sync(scored, step, times, tis_cap=self.cfg.async_.tis_cap)
-        self.version += 1
+        result = self.train_and_sync(scored, step, times, tis_cap=self.cfg.async_.tis_cap, wait=False)
+        self.step_count = step
         self.busy += time.perf_counter() - busy
         extra = {"async/staleness": staleness, "async/dropped_batches": self.dropped,
                  "async/behaviour_unknown_rows": unknown, "async/in_flight": len(self.in_flight),
                  **self.idle_fraction(),
                  **{f"async/staleness_{k}": self.histogram[k] for k in range(self.max_staleness + 1)}}
         return rollouts, scored, result, times, extra
-
-    def train_and_sync(self, scored, step: int, times: dict, tis_cap: float | None) -> dict:
-        with _timed(times, "train"):
-            result = self.roles.train(scored.batch, step, tis_cap)
-        # the batches in flight keep their weights; the next submissions (queued behind this) get the new ones
-        self.roles.push_weights(self.version + 1)
-        for phase in ("old_logprobs", "reference"):
-            if result["times"].get(phase):
-                times[phase] = result["times"][phase]
-        return result

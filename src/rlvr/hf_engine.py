@@ -270,12 +270,15 @@ class HFEngine:
         if self.model is not policy:
             self.load_weights(_merged_tensors(policy))
 
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """The engine model's parameters and buffers by plain name: what `load_weights` writes into."""
+        return {**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}
+
     @torch.no_grad()
     def load_weights(self, tensors) -> None:
         """Copy (name, tensor) pairs -- a plain model's names, e.g. `engine_weights(policy)` sent from a learner in
         another process -- into the engine's model, casting to its dtype."""
-        targets = dict(self.model.named_parameters())
-        targets.update(dict(self.model.named_buffers()))
+        targets = self.named_tensors()
         for name, value in (tensors.items() if isinstance(tensors, dict) else tensors):
             if name not in targets:
                 raise KeyError(f"sync_weights: the engine's model has no tensor {name!r}")

@@ -163,13 +163,16 @@ def collect_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
 
 
 def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: DataOrder, prompt: PromptTemplate,
-                     tokenizer, cfg: TrainConfig, step: int, reward_fn, spec: EstimatorSpec) -> tuple[Rollouts, dict]:
+                     tokenizer, cfg: TrainConfig, step: int, reward_fn, spec: EstimatorSpec):
     """DAPO's dynamic sampling: groups whose rewards have no spread (all right, all wrong) teach nothing, so they
     are dropped and new questions sampled in their place, up to `dynamic_sampling_rounds` generations, until the
     batch holds rollout_batch_size / group_size groups with spread. Short of that, the step trains on the groups
-    it found (none found: the last round's, which train nothing). Returns the batch and what the sampling cost."""
+    it found (none found: the last round's, which train nothing). Returns the batch, what the sampling cost, and
+    the batch's (scores, grading counts of every round) for `score_rollouts`, so nothing is graded twice."""
     want, g = cfg.rollout_batch_size // cfg.group_size, cfg.group_size
-    questions, prompts, completions = [], [], []
+    key = "answer_reward" if spec.reward_signal == "correctness" else "reward"  # the advantage's signal
+    questions, prompts, completions, kept_scores = [], [], [], []
+    grading: dict[str, float] = {}
     sampled, right, rounds = 0, 0.0, 0
     engine.sync_weights(model)
     while len(questions) < want and rounds < cfg.dynamic_sampling_rounds:
@@ -182,26 +185,32 @@ def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
         sampling = dataclasses.replace(sampling, seed=sampling.seed + 1_000_000_007 * rounds)
         batch = Rollouts(new_q, new_p, engine.generate(new_p, sampling))
         rounds += 1
-        scores, _ = score_batch(reward_fn, batch.responses, batch.truths)
-        key = "answer_reward" if spec.reward_signal == "correctness" else "reward"
+        scores, counts = score_batch(reward_fn, batch.responses, batch.truths)
+        for name, value in counts.items():
+            grading[name] = grading.get(name, 0) + value
         sampled += len(scores)
         right += sum(float(s["answer_reward"]) for s in scores)
-        last = batch
+        last = batch, scores
         for q in range(len(new_q)):
-            group = [float(s[key]) for s in scores[q * g : (q + 1) * g]]
-            if max(group) > min(group) and len(questions) < want:  # extras beyond a full batch are dropped
-                for c in batch.completions[q * g : (q + 1) * g]:
-                    completions.append(dataclasses.replace(c, prompt_index=len(questions)))
+            group = slice(q * g, (q + 1) * g)
+            rewards = [float(s[key]) for s in scores[group]]
+            if max(rewards) > min(rewards) and len(questions) < want:  # extras beyond a full batch are dropped
+                completions += [dataclasses.replace(c, prompt_index=len(questions)) for c in batch.completions[group]]
+                kept_scores += scores[group]
                 questions.append(new_q[q])
                 prompts.append(new_p[q])
     meta = {"train/dynamic_rounds": rounds, "train/dynamic_kept_groups": len(questions),
             "train/dynamic_sampled_rollouts": sampled, "train/sampled_answer_reward": right / max(sampled, 1)}
-    return (Rollouts(questions, prompts, completions) if questions else last), meta
+    if not questions:
+        return last[0], meta, (last[1], grading)
+    return Rollouts(questions, prompts, completions), meta, (kept_scores, grading)
 
 
-def score_rollouts(rollouts: Rollouts, reward_fn, spec: EstimatorSpec, cfg: TrainConfig, tokenizer) -> Scored:
-    """Rewards and advantages over the whole rollout batch, then the tokens the update trains on."""
-    scores, grading = score_batch(reward_fn, rollouts.responses, rollouts.truths)
+def score_rollouts(rollouts: Rollouts, reward_fn, spec: EstimatorSpec, cfg: TrainConfig, tokenizer,
+                   graded: tuple[list[dict], dict] | None = None) -> Scored:
+    """Rewards and advantages over the whole rollout batch, then the tokens the update trains on. `graded`:
+    the batch's (scores, grading counts) when they are known already (dynamic sampling graded them)."""
+    scores, grading = graded if graded is not None else score_batch(reward_fn, rollouts.responses, rollouts.truths)
     raw_rewards, reward_meta = rewards_and_metadata(scores, grading)
     if spec.reward_signal == "correctness":  # RFT's indicator, MaxRL's success: shaping does not enter
         raw_rewards = torch.tensor([float(s["answer_reward"]) for s in scores])
@@ -230,25 +239,26 @@ def train_on_rollouts(model, optimizer, scheduler, reference, batch: TrainBatch,
         random.Random(f"{cfg.seed}-{step}-minibatches").shuffle(rows)
     size = math.ceil(len(rows) / k)  # train_batch_size, unless dynamic sampling found fewer groups
     splits = [split for split in (rows[i * size : (i + 1) * size] for i in range(k)) if split]
-    # the rows of each train batch this learner backpropagates (all of them in a single process)
+
     def my_rows(split: list[int]) -> list[int]:
+        """The rows of a train batch this learner backpropagates: the ones policy_gradient_update will pick."""
         part = batch.rows(split)
         local = trained_rows(part, spec)
-        if parallel is not None:  # the shard policy_gradient_update will pick from this train batch
+        if parallel is not None:
             local = parallel.shard(local, part.input_ids, part.response_mask)
         return [split[j] for j in local]
 
-    mine = [my_rows(split) for split in splits]
     with _timed(times, "old_logprobs"):
         if spec.needs_old_log_probs and k > 1 and not behaviour:  # before any update; the first uses the live policy
-            later = [r for m in mine[1:] for r in m]
+            later = [r for split in splits[1:] for r in my_rows(split)]
             batch.old_log_probs = score_log_probs(model, batch.input_ids, batch.labels, batch.response_mask,
                                                   cfg.microbatch_size, cfg.precision, rows=later,
                                                   share_prefix=cfg.share_prefix, temperature=cfg.temperature)
     with _timed(times, "reference"):
         if spec.beta > 0:
             batch.reference_log_probs = _reference_log_probs(
-                reference, model, batch, cfg, rows=None if parallel is None else [r for m in mine for r in m])
+                reference, model, batch, cfg,
+                rows=None if parallel is None else [r for split in splits for r in my_rows(split)])
     updates = []
     with _timed(times, "train"):
         for i, split in enumerate(splits):
@@ -309,15 +319,15 @@ def train_grpo(cfg: TrainConfig) -> dict:
     while step < cfg.steps:
         step += 1
         times: dict[str, float] = {}
-        dynamic: dict = {}
+        dynamic, graded = {}, None
         with _timed(times, "generate"):
             if cfg.dynamic_sampling:
-                rollouts, dynamic = dynamic_rollouts(engine, model, train, order, prompt, tokenizer, cfg, step,
-                                                     reward_fn, spec)
+                rollouts, dynamic, graded = dynamic_rollouts(engine, model, train, order, prompt, tokenizer, cfg,
+                                                             step, reward_fn, spec)
             else:
                 rollouts = collect_rollouts(engine, model, train, order, prompt, tokenizer, cfg, step)
         with _timed(times, "score"):
-            scored = score_rollouts(rollouts, reward_fn, spec, cfg, tokenizer)
+            scored = score_rollouts(rollouts, reward_fn, spec, cfg, tokenizer, graded)
         with _timed(times, "teacher"):
             distilled = distill_from_teacher(scored.batch, model, teacher, spec, cfg) if teacher is not None else {}
         updates = train_on_rollouts(model, optimizer, scheduler, reference, scored.batch, spec, cfg, step, times)

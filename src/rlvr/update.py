@@ -149,13 +149,16 @@ class _UpdateStats:
             self.ratio_min = min(self.ratio_min, float(meta["ratio_min"]))
             self.ratio_max = max(self.ratio_max, float(meta["ratio_max"]))
 
-    def reduce(self, parallel) -> None:
-        """The whole group's statistics on every rank (data-parallel learners)."""
+    def reduce(self, parallel, extra: list[float]) -> list[float]:
+        """The whole group's statistics on every rank (data-parallel learners), in one sum and one max; `extra`
+        are more numbers to sum in the same collective, returned summed."""
         sums = ("tokens", "sequences", "entropy", "kl", "ratio_sum", "clip_sum", "ratio_weight", "is_sum", "is_capped")
-        for name, value in zip(sums, parallel.sum_floats([float(getattr(self, name)) for name in sums])):
+        summed = parallel.sum_floats([float(getattr(self, name)) for name in sums] + list(extra))
+        for name, value in zip(sums, summed):
             setattr(self, name, int(value) if name in ("tokens", "sequences") else value)
         low, high, self.is_max = parallel.max_floats([-self.ratio_min, self.ratio_max, self.is_max])
         self.ratio_min, self.ratio_max = -low, high
+        return summed[len(sums):]
 
     def metadata(self, grad_norm: float, kept: int, n: int, microbatches: int, spec: EstimatorSpec) -> dict:
         out = {"grad_norm": grad_norm, "trained_rollouts": kept, "trained_tokens": self.tokens,
@@ -207,9 +210,9 @@ def policy_gradient_update(
     step equals the single-process one. `tis_cap`: truncated importance sampling for rollouts sampled by an
     older (or differently rounded) policy: each token's loss is weighted by min(pi / pi_old, tis_cap), detached,
     with `batch.old_log_probs` the sampling-time log-probs (asynchronous RL). In old_log_probs, NaN marks a
-    token whose sampling log-prob is unknown; the live policy's stands in (ratio 1). Returns the whole batch's loss (the sum of the backpropagated
-    microbatch losses) and metadata; its entropy (`trained_token_entropy`) is over the rollouts that were
-    trained, not the whole batch.
+    token whose sampling log-prob is unknown; the live policy's stands in (ratio 1). Returns the whole batch's
+    loss (the sum of the backpropagated microbatch losses) and metadata; its entropy (`trained_token_entropy`)
+    is over the rollouts that were trained, not the whole batch.
     """
     n = len(batch)
     if gradient_accumulation_steps < 1:
@@ -240,7 +243,7 @@ def policy_gradient_update(
                                             temperature=temperature)
         log_probs = scored["log_probs"]
         if not bool(torch.isfinite(log_probs[mask]).all()):
-            diverged = True  # every learner must reach the collective below before all of them give up
+            diverged = True  # raised below, after the collective every learner must reach
             break
         old = log_probs.detach() if on_policy_ratio else (
             batch.old_log_probs[idx, :w].to(log_probs.dtype) if batch.old_log_probs is not None else None)
@@ -263,15 +266,15 @@ def policy_gradient_update(
         total_loss += loss.detach()
         stats.add(mask, scored["token_entropy"], meta, kl, is_weight, tis_cap)
 
-    if parallel is not None:
-        diverged = parallel.sum_floats([float(diverged)])[0] > 0
+    microbatches = math.ceil(len(kept) / microbatch_size) if kept else 0
+    if parallel is not None:  # every learner reaches this, diverged or not, before any of them gives up
+        summed = stats.reduce(parallel, [float(diverged), float(microbatches), float(total_loss)])
+        diverged, microbatches, total_loss = summed[0] > 0, int(summed[1]), torch.tensor(summed[2])
     if diverged:
         optimizer.zero_grad(set_to_none=True)
         raise NonFiniteLoss("the policy's log-probs are NaN/inf (diverged weights?); step skipped, gradients cleared")
     if parallel is not None:
         parallel.all_reduce_gradients(params)  # a rank without rows adds zeros, as the unpruned step would
-        parallel.all_reduce_(total_loss)
-        stats.reduce(parallel)
     elif not kept:
         # Every gradient is exactly zero. Seed 004's unpruned step still hands AdamW a zero gradient (its
         # moments decay, its step count advances, the weights move by momentum and weight decay), whereas a
@@ -285,9 +288,6 @@ def policy_gradient_update(
                             "step skipped, gradients cleared")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    microbatches = math.ceil(len(kept) / microbatch_size) if kept else 0
-    if parallel is not None:
-        microbatches = int(parallel.sum_floats([microbatches])[0])
     return total_loss, stats.metadata(float(grad_norm), len(kept_all), n, microbatches, spec)
 
 
