@@ -76,27 +76,45 @@ def sweep_root(tmp_path):
     return root
 
 
+T975 = {2: 12.7062, 3: 4.3027, 10: 2.2622}  # t(0.975, n - 1) from a printed table, by n
+
+
 def half_width(values):
     n = len(values)
     mean = sum(values) / n
     s = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return 1.96 * s / math.sqrt(n)
+    return T975[n] * s / math.sqrt(n)
 
 
 # ----------------------------------------------------------------------------------------------------
 # Statistics and grouping.
 
 
-def test_spread_is_mean_plus_minus_1_96_sample_std_over_root_n():
+def test_t_quantile_matches_the_printed_table_and_interpolates_between():
+    from rlvr.runs import t_quantile
+
+    assert t_quantile(1) == pytest.approx(12.706, abs=1e-3)  # n = 2: 6.5x the normal 1.96
+    assert t_quantile(2) == pytest.approx(4.303, abs=1e-3)  # n = 3
+    assert t_quantile(9) == pytest.approx(2.262, abs=1e-3)  # n = 10
+    assert t_quantile(35) == pytest.approx(2.0301, abs=2e-4)  # between the table's 30 and 40
+    assert t_quantile(1000) == pytest.approx(1.9623, abs=2e-4)  # between 120 and the normal limit
+    with pytest.raises(ValueError):
+        t_quantile(0)
+
+
+def test_spread_is_the_95_percent_t_interval():
     s = spread([0.5, 0.6, 0.7])
-    # mean 0.6; s^2 = (0.01 + 0 + 0.01) / (3 - 1) = 0.01, s = 0.1; half width = 1.96 * 0.1 / sqrt(3) = 0.113161
+    # mean 0.6; s^2 = (0.01 + 0 + 0.01) / (3 - 1) = 0.01, s = 0.1; half width = 4.3027 * 0.1 / sqrt(3) = 0.248417
     assert s.mean == pytest.approx(0.6) and s.std == pytest.approx(0.1)
-    assert s.half_width == pytest.approx(0.1131607, abs=1e-6)
-    assert s.band("ci") == pytest.approx((0.6 - 0.1131607, 0.6 + 0.1131607), abs=1e-6)
+    assert s.half_width == pytest.approx(0.248417, abs=1e-5)
+    assert s.band("ci") == pytest.approx((0.6 - 0.248417, 0.6 + 0.248417), abs=1e-5)
     assert s.band("minmax") == (0.5, 0.7) and s.n == 3
+    # ten runs 0.0, 0.1, ..., 0.9: mean 0.45, s = 0.302765, half width 2.2622 * 0.302765 / sqrt(10) = 0.216585
+    ten = spread([i / 10 for i in range(10)])
+    assert ten.half_width == pytest.approx(0.216585, abs=1e-5)
     one = spread([0.4])  # a single run has no spread: no band, not a zero-width lie in the tables
     assert math.isnan(one.std) and math.isnan(one.half_width) and one.band() == (0.4, 0.4)
-    assert fmt_spread(one) == "0.400 (n=1)" and fmt_spread(s) == "0.600 ± 0.113"
+    assert fmt_spread(one) == "0.400 (n=1)" and fmt_spread(s) == "0.600 ± 0.248"
 
 
 def test_per_step_spread_counts_only_the_runs_that_have_the_step():
@@ -106,10 +124,10 @@ def test_per_step_spread_counts_only_the_runs_that_have_the_step():
     assert stats[0].mean == pytest.approx(0.1) and stats[0].half_width == pytest.approx(0.0)
     # step 2: (0.2 + 0.3 + 0.3) / 3 = 0.26667; s^2 = (0.0044444 + 0.0011111 + 0.0011111) / 2 = 0.0033333
     assert stats[2].mean == pytest.approx(0.8 / 3) and stats[2].std == pytest.approx(math.sqrt(0.01 / 3))
-    assert stats[2].half_width == pytest.approx(1.96 * math.sqrt(0.01 / 3) / math.sqrt(3))
-    # step 4: two runs, 0.2 and 0.4: mean 0.3, s = sqrt(0.01 + 0.01) = 0.141421, half width 1.96 * 0.141421 / sqrt(2)
+    assert stats[2].half_width == pytest.approx(4.3027 * math.sqrt(0.01 / 3) / math.sqrt(3))
+    # step 4: two runs, 0.2 and 0.4: mean 0.3, s = sqrt(0.01 + 0.01) = 0.141421, half width 12.7062 * 0.141421 / sqrt(2)
     assert stats[4].n == 2 and stats[4].mean == pytest.approx(0.3)
-    assert stats[4].half_width == pytest.approx(0.196)
+    assert stats[4].half_width == pytest.approx(1.27062)
 
 
 def test_metric_series_skips_missing_and_non_finite_values():
@@ -149,17 +167,17 @@ def test_summary_final_and_best_per_run_and_group_mean_and_interval(sweep_root, 
     assert (r.final_val_accuracy, r.final_val_step, r.steps_done, r.finished) == (0.3, 2, 2, False)
 
     grpo, dr = {g.group: g for g in summary.groups}["algorithm=grpo"], summary.groups[0]
-    # grpo final [0.5, 0.6, 0.7]: mean 0.6, s = 0.1, half width 1.96 * 0.1 / sqrt(3) = 0.113161
+    # grpo final [0.5, 0.6, 0.7]: mean 0.6, s = 0.1, half width 4.3027 * 0.1 / sqrt(3) = 0.248417
     assert grpo.stats["final_val_accuracy"].mean == pytest.approx(0.6)
-    assert grpo.stats["final_val_accuracy"].half_width == pytest.approx(1.96 * 0.1 / math.sqrt(3))
+    assert grpo.stats["final_val_accuracy"].half_width == pytest.approx(4.3027 * 0.1 / math.sqrt(3))
     # grpo best [0.5, 0.6, 0.8]: mean 0.63333; deviations -0.13333, -0.03333, 0.16667 -> s^2 = 0.046667 / 2
     assert grpo.stats["best_val_accuracy"].mean == pytest.approx(1.9 / 3)
     assert grpo.stats["best_val_accuracy"].std == pytest.approx(math.sqrt(0.046666667 / 2))
     assert grpo.stats["best_val_accuracy"].half_width == pytest.approx(half_width([0.5, 0.6, 0.8]))
-    assert grpo.stats["best_val_accuracy"].half_width == pytest.approx(0.172855, abs=1e-6)
+    assert grpo.stats["best_val_accuracy"].half_width == pytest.approx(0.379464, abs=1e-5)
     # dr_grpo final [0.2, 0.4, 0.3] (the last one from step 2): mean 0.3, s = 0.1
     assert dr.stats["final_val_accuracy"].mean == pytest.approx(0.3)
-    assert dr.stats["final_val_accuracy"].half_width == pytest.approx(0.1131607, abs=1e-6)
+    assert dr.stats["final_val_accuracy"].half_width == pytest.approx(0.248417, abs=1e-5)
     assert (dr.n_runs, dr.n_finished, dr.seeds) == (3, 2, [0, 1, 2])
 
     csv_path, json_path = write_summary(summary, tmp_path / "out" / "summary.csv")
@@ -171,7 +189,7 @@ def test_summary_final_and_best_per_run_and_group_mean_and_interval(sweep_root, 
     assert run_row["group"] == "algorithm=grpo" and run_row["finished"] == "True"
     group_row = next(r for r in rows if r["kind"] == "group" and r["group"] == "algorithm=grpo")
     assert float(group_row["final_val_accuracy"]) == pytest.approx(0.6)
-    assert float(group_row["final_val_accuracy_ci95"]) == pytest.approx(0.1131607, abs=1e-6)
+    assert float(group_row["final_val_accuracy_ci95"]) == pytest.approx(0.248417, abs=1e-5)
     assert float(group_row["final_val_accuracy_std"]) == pytest.approx(0.1)
     assert (group_row["final_val_accuracy_min"], group_row["final_val_accuracy_max"], group_row["n"]) == (
         "0.5", "0.7", "3")
@@ -241,7 +259,7 @@ def test_report_is_one_self_contained_page_with_configs_numbers_plots_and_escape
                  "learning_rate", "1e-05"):
         assert text in page
     # numbers with their spread: grpo final 0.600 ± 0.113 [0.5, 0.7]; best 0.633 ± 0.173; dr_grpo 0.300 ± 0.113
-    assert "0.600 ± 0.113" in page and "0.633 ± 0.173" in page and "0.300 ± 0.113" in page
+    assert "0.600 ± 0.248" in page and "0.633 ± 0.379" in page and "0.300 ± 0.248" in page
     assert "<td>0.500</td><td>0.700</td>" in page
     # every figure embedded: no file next to the page is needed
     assert page.count('src="data:image/png;base64,') == 8
@@ -265,10 +283,11 @@ def test_summary_command_writes_csv_and_json(sweep_root, tmp_path):
                                       str(sweep_root / "algorithm=grpo,seed=1"), "--out", str(out)])
     assert result.exit_code == 0, result.output
     rows = list(csv.DictReader(out.open()))
-    # two runs of one config: one group "all runs", final [0.5, 0.6]: mean 0.55, s = 0.070711, hw = 0.098
+    # two runs of one config: one group "all runs", final [0.5, 0.6]: mean 0.55, s = 0.070711,
+    # hw = 12.7062 * 0.070711 / sqrt(2) = 0.63531 (the normal 1.96 would claim 0.098)
     group = rows[-1]
     assert group["group"] == "all runs" and float(group["final_val_accuracy"]) == pytest.approx(0.55)
-    assert float(group["final_val_accuracy_ci95"]) == pytest.approx(0.098)
+    assert float(group["final_val_accuracy_ci95"]) == pytest.approx(0.63531, abs=1e-5)
     assert (out.parent / "summary.json").is_file()
     result = CliRunner().invoke(app, ["summary", str(tmp_path / "s"), "--out", str(out)])
     assert result.exit_code == 2 and "holds no run" in result.output

@@ -111,7 +111,7 @@ def algorithms_command():
 # Experiments: sweeps of runs, and plots, reports and summaries drawn from run directories.
 
 RunDirs = typer.Argument(..., help="run directories, or directories holding runs below them (sweep roots)")
-BandOption = typer.Option("ci", "--band", help="ci: mean ± 1.96·s/√n across seeds | minmax: min to max")
+BandOption = typer.Option("ci", "--band", help="ci: mean ± 95% t-interval, t(0.975, n-1)·s/√n across n seeds | minmax: min to max")
 
 
 def _band(band: str) -> str:
@@ -203,7 +203,7 @@ def report_command(runs: list[Path] = RunDirs, out: Path = typer.Option(Path("re
 def summary_command(runs: list[Path] = RunDirs, out: Path = typer.Option(Path("summary.csv"), "--out", "-o")):
     """Final and best validation numbers per run and per group, as CSV and JSON.
 
-    Per group: mean, sample std, 95% half width (1.96·s/√n), min, max and n; the JSON is written next to the CSV."""
+    Per group: mean, sample std, 95% t-interval half width (t(0.975, n-1)·s/√n), min, max and n; the JSON is written next to the CSV."""
     from rich.console import Console
     from rich.table import Table
 
@@ -215,7 +215,7 @@ def summary_command(runs: list[Path] = RunDirs, out: Path = typer.Option(Path("s
     except (FileNotFoundError, ValueError) as err:
         _fail(str(err))
     csv_path, json_path = write_summary(summary, out)
-    table = Table(title="validation numbers per group (mean ± 95% CI)")
+    table = Table(title="validation numbers per group (mean ± 95% t-interval, n = runs)")
     for col in ("group", "n (finished)", "final accuracy", "best accuracy", "final format rate"):
         table.add_column(col)
     for g in summary.groups:

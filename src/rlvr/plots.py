@@ -1,6 +1,6 @@
 """Figures drawn from run directories' metrics.jsonl (so any run can be re-plotted later): one figure per
-metric, runs grouped by configuration, each group a mean line with a shaded band (95% interval
-mean ± 1.96·s/√n, or min/max) and its single runs drawn faint; and the final validation accuracy against
+metric, runs grouped by configuration, each group a mean line with a shaded band (95% t-interval
+mean ± t·s/√n with t = t(0.975, n-1), or min/max) and its single runs drawn faint; and the final validation accuracy against
 the learning rate when it varies. Matplotlib's object API with the Agg canvas: no pyplot, no global state.
 """
 
@@ -40,7 +40,7 @@ FIGURES = (
     MetricFigure("kl", "KL to the reference model", (("train/kl", "KL"),)),
 )
 LR_FIGURE = "final_val_accuracy_vs_lr"
-BAND_NAMES = {"ci": "mean ± 95% CI (1.96·s/√n)", "minmax": "mean, min–max"}
+BAND_NAMES = {"ci": "mean ± 95% t-interval (t·s/√n, n = runs)", "minmax": "mean, min–max"}
 
 
 def _colors(n: int) -> list:

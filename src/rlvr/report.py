@@ -41,7 +41,7 @@ def esc(value) -> str:
 
 
 def fmt_spread(s: Spread | None, digits: int = 3) -> str:
-    """"0.400 ± 0.226" (mean ± 95% half width), "0.400 (n=1)" for a single run, "–" for none."""
+    """"0.400 ± 0.226" (mean ± 95% t-interval half width), "0.400 (n=1)" for a single run, "–" for none."""
     if s is None:
         return "–"
     if math.isnan(s.half_width):
@@ -83,7 +83,7 @@ def config_section(groups: Sequence[Group]) -> str:
 def numbers_section(summary: Summary) -> str:
     header = ["group", "n (finished)"]
     for m in SUMMARY_METRICS:
-        header += [f"{METRIC_TITLES[m]}<br><span class=muted>mean ± 95% CI</span>", "min", "max"]
+        header += [f"{METRIC_TITLES[m]}<br><span class=muted>mean ± 95% t-interval</span>", "min", "max"]
     rows = []
     for g in summary.groups:
         row = [esc(g.group), f"{g.n_runs} ({g.n_finished})"]
@@ -99,7 +99,8 @@ def numbers_section(summary: Summary) -> str:
     return "\n".join([
         "<h2>Final numbers</h2>",
         "<p>Final = at the last validation step; best = the highest validation accuracy of the run. "
-        "95% CI half width = 1.96·s/√n with s the sample standard deviation over the group's runs.</p>",
+        "95% t-interval half width = t(0.975, n-1)·s/√n with s the sample standard deviation over the group's n "
+        "runs (t = 12.71 for n = 2, 4.30 for n = 3, 2.26 for n = 10).</p>",
         _table(header, rows),
         "<details open><summary>Every run</summary>",
         _table(["run", "group", "seed", "steps", "finished", "final val accuracy", "best val accuracy",
@@ -168,7 +169,7 @@ def render_report(groups: Sequence[Group], summary: Summary, pngs: dict[str, byt
                   band: Band = "ci", rollouts_per_step: int = 2) -> str:
     """The whole page as a string; pure (no file I/O), given the loaded runs and the figures' PNG bytes."""
     n_runs = sum(len(g.runs) for g in groups)
-    band_text = "mean ± 95% CI (1.96·s/√n)" if band == "ci" else "mean with min–max"
+    band_text = "mean ± 95% t-interval (t(0.975, n-1)·s/√n)" if band == "ci" else "mean with min–max"
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{esc(title)}</title>",
         f"<style>{CSS}</style></head><body>",

@@ -1,6 +1,7 @@
 """Run directories and the statistics across seeds that `rlvr plot`, `rlvr report` and `rlvr summary` share
-(seed 004 §4.3: runs vary a lot between seeds, so plot the mean with a 95% interval mean ± 1.96·s/√n, s the
-sample standard deviation, n the runs at that step): reading a run directory (config.yaml, metrics.jsonl),
+(seed 004 §4.3: runs vary a lot between seeds, so plot the mean with a 95% interval, here Student's t-interval
+mean ± t(0.975, n-1)·s/√n, s the sample standard deviation, n the runs at that step; with 2-3 seeds the normal
+quantile 1.96 would make it 2-6x too narrow): reading a run directory (config.yaml, metrics.jsonl),
 grouping runs by configuration, and the summary CSV/JSON. The sweep runner (rlvr.sweep) builds on this module.
 """
 
@@ -22,6 +23,11 @@ from rlvr.config import ConfigError, TrainConfig, load_config
 from rlvr.tracking import read_jsonl
 
 Z95 = 1.96
+# Student's t quantile t(0.975, df): the 95 % two-sided interval's factor for df = n - 1 degrees of freedom
+_T975 = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706, 6: 2.4469, 7: 2.3646, 8: 2.3060, 9: 2.2622,
+         10: 2.2281, 11: 2.2010, 12: 2.1788, 13: 2.1604, 14: 2.1448, 15: 2.1314, 16: 2.1199, 17: 2.1098,
+         18: 2.1009, 19: 2.0930, 20: 2.0860, 21: 2.0796, 22: 2.0739, 23: 2.0687, 24: 2.0639, 25: 2.0595,
+         26: 2.0555, 27: 2.0518, 28: 2.0484, 29: 2.0452, 30: 2.0423, 40: 2.0211, 60: 2.0003, 120: 1.9799}
 Band = Literal["ci", "minmax"]
 # Not a difference between configurations: the seed is what a group averages over; out and resume are bookkeeping.
 NOT_CONFIG = ("seed", "out", "resume")
@@ -31,9 +37,26 @@ NOT_CONFIG = ("seed", "out", "resume")
 # Statistics: pure functions of numbers.
 
 
+def t_quantile(df: int) -> float:
+    """t(0.975, df), the factor of a 95 % t-interval: 12.706 for df = 1 (2 runs), 4.303 for df = 2 (3 runs),
+    2.262 for df = 9 (10 runs); between the table's entries above 30, linear in 1/df (exact to 1e-3); 1.96 in
+    the limit."""
+    if df < 1:
+        raise ValueError(f"a t-interval needs df >= 1 (2 or more values); got df={df}")
+    if df in _T975:
+        return _T975[df]
+    known = sorted(_T975)
+    upper = next((k for k in known if k > df), None)
+    lower = max(k for k in known if k < df)
+    t_hi, x_hi = (_T975[upper], 1 / upper) if upper is not None else (Z95, 0.0)
+    x = 1 / df
+    return t_hi + (_T975[lower] - t_hi) * (x - x_hi) / (1 / lower - x_hi)
+
+
 @dataclass(frozen=True)
 class Spread:
-    """Mean and spread of n values: `half_width` = 1.96·s/√n with s the sample std (NaN when n = 1)."""
+    """Mean and spread of n values: `half_width` = t(0.975, n-1)·s/√n, the 95 % t-interval, with s the sample
+    std (NaN when n = 1)."""
 
     mean: float
     std: float
@@ -54,13 +77,13 @@ class Spread:
 
 
 def spread(values: Sequence[float]) -> Spread:
-    """spread([0.2, 0.4, 0.6]): mean 0.4, s = sqrt((0.04 + 0 + 0.04) / 2) = 0.2, half width 1.96·0.2/√3."""
+    """spread([0.2, 0.4, 0.6]): mean 0.4, s = sqrt((0.04 + 0 + 0.04) / 2) = 0.2, half width 4.303·0.2/√3."""
     n = len(values)
     if n == 0:
         raise ValueError("spread of no values")
     mean = sum(values) / n
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else math.nan
-    half = Z95 * std / math.sqrt(n) if n > 1 else math.nan
+    half = t_quantile(n - 1) * std / math.sqrt(n) if n > 1 else math.nan
     return Spread(mean, std, half, min(values), max(values), n)
 
 
