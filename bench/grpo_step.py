@@ -30,6 +30,11 @@ Runs per mode:
   --trl-stop adds trl_stop: TRL with stop_strings=["</answer>"], made possible by patching the model's
   `generate` to receive the tokenizer (TRL does not pass it, and transformers refuses stop strings without
   it); a TRL user would have to do the same. Its rows also carry one padding token after the stop (pad=EOS).
+  trl_bf16 / rlvr_bf16 (no mode; `--runs trl_bf16,rlvr_bf16 --headline rlvr_bf16/trl_bf16`): the identical
+  work with bf16 autocast training on both sides (TRL bf16=True; rlvr precision=bf16 and a bf16 generation
+  copy), what bench/gpu_check.py runs on a GPU with `--device cuda --model DIR` (DIR: a saved model and
+  tokenizer; default the default model). On CUDA each run also reports its peak GPU memory
+  (torch.cuda.max_memory_allocated at the end of the child).
 
 Reading the output: one block per run (median step time, per-phase medians, generated and trained tokens
 per step, peak RSS), then ratio lines; the LAST line is the headline pair of the mode:
@@ -64,9 +69,21 @@ RUNS = {
     "rlvr_stop": {"side": "rlvr", "stop": True, "train_all": False, **FP32},
     "rlvr_recommended": {"side": "rlvr", "stop": True, "train_all": False, "precision": "bf16",
                          "generation_dtype": "bfloat16", "microbatch": None},  # None: TrainConfig's default
+    # the identical work in bf16 on both sides (bench/gpu_check.py's pair)
+    "trl_bf16": {"side": "trl", "stop": False, "bf16": True},
+    "rlvr_bf16": {"side": "rlvr", "stop": False, "train_all": True, "precision": "bf16",
+                  "generation_dtype": "bfloat16", "microbatch": "same"},
 }
 MODES = {"identical": ["trl", "rlvr", "rlvr_prune", "rlvr_stop"], "recommended": ["trl", "rlvr_recommended"]}
 HEADLINE = {"identical": "rlvr", "recommended": "rlvr_recommended"}
+
+
+def synchronize(device: str) -> None:
+    """Wait for queued GPU work, so that a clock read after it counts it (a no-op on the CPU)."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -95,13 +112,14 @@ def rlvr_child(spec: dict, args) -> dict:
                       max_new_tokens=args.max_new_tokens, temperature=1.0, top_p=1.0, learning_rate=args.lr,
                       rewards={"r1_zero": 1.0, "format": 0.2}, precision=spec["precision"],
                       generation_dtype=spec["generation_dtype"], steps=args.warmup + args.steps,
-                      tensorboard=False, **overrides)
+                      tensorboard=False, **({"model": args.model} if args.model else {}), **overrides)
     prompts, answers = gsm8k_prompts(args.questions)
-    model, tokenizer = load_model(cfg.model)
+    model, tokenizer = load_model(cfg.model, device=args.device)
     model = prepare_for_training(model)
     optimizer, scheduler = build_optimizer(model, cfg, cfg.steps)
     reward_fn = build_reward_fn(cfg, "r1_zero")
-    engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)
+    engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype,
+                      device=args.device)
     setup_rss = rss_mb()
 
     steps = []
@@ -127,6 +145,7 @@ def rlvr_child(spec: dict, args) -> dict:
             model, optimizer, TrainBatch(batch["input_ids"], batch["labels"], batch["response_mask"], advantages),
             cfg.estimator, math.ceil(n / cfg.microbatch_size), cfg.max_grad_norm, precision=cfg.precision)
         scheduler.step()
+        synchronize(args.device)
         t3 = time.perf_counter()
         lengths = [len(c.token_ids) for c in completions]
         kept = [i for i in range(n) if advantages[i] != 0]
@@ -166,7 +185,7 @@ def trl_child(spec: dict, args) -> dict:
     n = args.questions * args.group_size
     mb = min(args.microbatch, n)
     prompts, answers = gsm8k_prompts(args.questions)
-    model, tokenizer = load_model()
+    model, tokenizer = load_model(args.model) if args.model else load_model()  # the Trainer moves it to the device
     dataset = datasets.Dataset.from_dict({"prompt": prompts, "ground_truth": answers})
 
     def correctness(completions, ground_truth, **kwargs) -> list[float]:
@@ -184,7 +203,8 @@ def trl_child(spec: dict, args) -> dict:
         temperature=1.0, top_p=1.0, top_k=0, beta=0.0, loss_type="grpo", scale_rewards="group",
         reward_weights=[1.0, 0.2], mask_truncated_completions=False,
         generation_kwargs={"stop_strings": [STOP]} if spec["stop"] else None,
-        bf16=False, fp16=False, use_cpu=True, gradient_checkpointing=False,  # TRL defaults: bf16, checkpointing
+        bf16=spec.get("bf16", False), fp16=False, use_cpu=args.device == "cpu",
+        gradient_checkpointing=False,  # TRL's defaults: bf16 and checkpointing on
         shuffle_dataset=False, seed=args.seed, report_to="none", logging_strategy="no", save_strategy="no",
         eval_strategy="no", disable_tqdm=True, dataloader_num_workers=0, log_completions=False,
     )
@@ -237,6 +257,7 @@ def trl_child(spec: dict, args) -> dict:
             self.last = time.perf_counter()
 
         def on_step_end(self, args_, state, control, **kwargs):
+            synchronize(args.device)
             now = time.perf_counter()
             step = {"step_s": now - self.last, "torch_threads": torch.get_num_threads(), **clock}
             step["train_s"] = step["step_s"] - clock["rollout_s"]  # logprob forward, backward, optimizer, overhead
@@ -274,6 +295,7 @@ def summarise(name: str, result: dict, warmup: int) -> dict:
         summary[k + "_per_step"] = median([s[k] for s in timed])
     summary["step_times_s"] = [round(s["step_s"], 3) for s in timed]
     summary["peak_rss_mb"] = result["peak_rss_mb"]
+    summary["peak_gpu_mb"] = result.get("peak_gpu_mb")
     summary["setup_rss_mb"] = result["setup_rss_mb"]
     summary["torch_threads"] = sorted({s["torch_threads"] for s in result["steps"]})
     summary["settings"] = result["settings"]
@@ -289,7 +311,8 @@ def print_run(name: str, s: dict) -> None:
           f"trained rollouts {s['trained_rollouts_per_step']:.0f}, "
           f"response tokens {s['trained_response_tokens_per_step']:.0f}, "
           f"positions {s['trained_positions_per_step']:.0f}")
-    print(f"{'':17s} peak RSS {s['peak_rss_mb']:.0f} MB (after setup {s['setup_rss_mb']:.0f}); "
+    gpu = f"; peak GPU memory {s['peak_gpu_mb']:.0f} MB" if s.get("peak_gpu_mb") is not None else ""
+    print(f"{'':17s} peak RSS {s['peak_rss_mb']:.0f} MB (after setup {s['setup_rss_mb']:.0f}){gpu}; "
           f"threads {s['torch_threads']}; {s['settings']}")
 
 
@@ -312,7 +335,10 @@ def main() -> None:
     parser.add_argument("--runs", help=f"comma-separated runs to do (default: the mode's); valid: {', '.join(RUNS)}")
     parser.add_argument("--train-all", action="store_true",
                         help="no rlvr run prunes zero-advantage rollouts (e.g. rlvr_recommended on TRL's work)")
-    parser.add_argument("--headline", help="the rlvr run of the last line (default: rlvr / rlvr_recommended)")
+    parser.add_argument("--headline", help="the rlvr run of the last line (default: rlvr / rlvr_recommended), "
+                                           "or RUN/BASE for a TRL run other than trl")
+    parser.add_argument("--device", default="cpu", help="where both sides run: cpu (default) or cuda[:N]")
+    parser.add_argument("--model", help="a saved model directory for both sides (default: the default model)")
     parser.add_argument("--smoke", action="store_true", help="tiny: 1 question x 2 samples, 8 tokens, 1 timed step")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--result-file", help=argparse.SUPPRESS)
@@ -328,6 +354,10 @@ def main() -> None:
         spec = RUNS[args.child]
         result = (rlvr_child if spec["side"] == "rlvr" else trl_child)(spec, args)
         result["peak_rss_mb"] = peak_rss_mb()
+        import torch
+
+        if torch.cuda.is_initialized():
+            result["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
         Path(args.result_file).write_text(json.dumps(result))
         return
 
@@ -355,19 +385,23 @@ def main() -> None:
         print_run(name, s)
     ratios = {}
     for name in summaries:
-        for base in ("trl", "trl_stop"):
-            if name.startswith("rlvr") and base in summaries:
-                ratios[f"{name}/{base}"] = {
-                    "step_time": summaries[name]["step_median_s"] / summaries[base]["step_median_s"],
-                    "peak_rss": summaries[name]["peak_rss_mb"] / summaries[base]["peak_rss_mb"]}
+        for base in (b for b in summaries if RUNS[b]["side"] == "trl"):
+            if RUNS[name]["side"] == "rlvr":
+                ours, theirs = summaries[name], summaries[base]
+                ratios[f"{name}/{base}"] = {"step_time": ours["step_median_s"] / theirs["step_median_s"],
+                                            "peak_rss": ours["peak_rss_mb"] / theirs["peak_rss_mb"]}
+                if ours["peak_gpu_mb"] and theirs["peak_gpu_mb"]:
+                    ratios[f"{name}/{base}"]["peak_gpu"] = ours["peak_gpu_mb"] / theirs["peak_gpu_mb"]
     for key, r in ratios.items():
-        print(f"{key}: step time ratio {r['step_time']:.3f}, peak RSS ratio {r['peak_rss']:.3f}")
+        gpu = f", peak GPU memory ratio {r['peak_gpu']:.3f}" if "peak_gpu" in r else ""
+        print(f"{key}: step time ratio {r['step_time']:.3f}, peak RSS ratio {r['peak_rss']:.3f}{gpu}")
     if args.json:
         Path(args.json).write_text(json.dumps({"mode": args.mode, "machine": info, "args": vars(args),
                                                "runs": summaries, "ratios": ratios}, indent=2))
-    head = f"{args.headline or HEADLINE[args.mode]}/trl"
+    head = args.headline if "/" in (args.headline or "") else f"{args.headline or HEADLINE[args.mode]}/trl"
     if head not in ratios:
-        print(f"(no headline line: {head} needs both runs)")
+        if len(runs) > 1:  # a single run asked for alone has no pair to print
+            print(f"(no headline line: {head} needs both runs)")
     else:
         print(f"rlvr/TRL: step time ratio {ratios[head]['step_time']:.3f}, peak RSS ratio {ratios[head]['peak_rss']:.3f}")
 

@@ -11,6 +11,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from rlvr import loop_common
 from rlvr import rl as train_module
 from rlvr.cli import app
 from rlvr.code_tasks import code_response, code_task
@@ -64,7 +65,7 @@ def test_grpo_on_the_code_task_logs_sandbox_metrics(tmp_path, model_dir, monkeyp
         eval_every=0, eval_at_start=False, eval_at_end=False, generation_dtype="float32", precision="fp32",
         tensorboard=False, log_rollouts_every=1, train_limit=8, rewards={"code_tests": 1.0, "format": 0.05}))
     examples = _train_examples(cfg)
-    monkeypatch.setattr(train_module, "HFEngine", lambda *a, **k: CodeStub(examples))
+    monkeypatch.setattr(loop_common, "HFEngine", lambda *a, **k: CodeStub(examples))
     train_module.train_grpo(cfg)
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]

@@ -11,6 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from rlvr import dpo as dpo_module
+from rlvr import loop_common
 from rlvr.cli import app
 from rlvr.config import ConfigError, DPOConfig, load_config
 from rlvr.data import DataError
@@ -86,7 +87,7 @@ def test_dpo_from_graded_rollouts_pairs_right_with_wrong(tmp_path, model_dir, mo
 
     cfg = _cfg(model_dir, tmp_path / "run", pairs_per_question=2)
     answers = {q.question: q.answer for q in load_split(cfg, "train")}
-    monkeypatch.setattr(dpo_module, "HFEngine", lambda *a, **k: GradedStub(answers))
+    monkeypatch.setattr(loop_common, "HFEngine", lambda *a, **k: GradedStub(answers))
     dpo_module.train_dpo(cfg)
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]

@@ -41,6 +41,7 @@ from rlvr import checkpoint as ckpt
 from rlvr import rl
 from rlvr.config import TrainConfig
 from rlvr.data import DataOrder, load_split
+from rlvr.devices import resolve
 from rlvr.loop_common import build_optimizer, load_policy, open_logger, restore, start_run, trainer_state, validate
 from rlvr.prompts import get_prompt
 from rlvr.rl import (Rollouts, RunMonitor, _reference_model, _step_metrics, _timed, log_step, next_questions,
@@ -70,7 +71,8 @@ class RolloutWorker:
 
         self.cfg = TrainConfig.model_validate(cfg)
         _threads(self.cfg.distributed.rollout_num_cpus)
-        model, self.tokenizer = load_model(self.cfg.model)
+        # device=auto: the GPU Ray gave this actor (distributed.rollout_num_gpus), else the CPU
+        model, self.tokenizer = load_model(self.cfg.model, device=resolve(self.cfg.device))
         self.engine = HFEngine(model, self.tokenizer, batch_size=self.cfg.generation_batch_size,
                                dtype=self.cfg.generation_dtype)
         self.index, self.version = index, -1
@@ -132,12 +134,13 @@ class Learner:
                                                cfg.distributed.backend, cfg.distributed.timeout_s)
         ckpt.seed_everything(cfg.seed)
         self.run_dir = Path(cfg.out)
-        self.model, self.tokenizer, state = load_policy(cfg, self.run_dir)
+        device = resolve(cfg.device)  # auto: the GPU Ray gave this actor (distributed.learner_num_gpus)
+        self.model, self.tokenizer, state = load_policy(cfg, self.run_dir, [device])
         if self.parallel is not None:  # identical replicas, whatever the loading did (LoRA's random init)
             self.parallel.broadcast_module_(self.model)
         self.spec = cfg.estimator
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg, cfg.steps * self.spec.steps_per_rollout)
-        self.reference = _reference_model(cfg)
+        self.reference = _reference_model(cfg, device)
         restore(state, self.optimizer, self.scheduler, DataOrder(1, "learner"))
         if state is None:
             return None

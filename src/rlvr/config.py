@@ -158,6 +158,36 @@ def fields_help(cls: type[BaseConfig]) -> str:
 # Shared pieces.
 
 Dtype = Literal["float32", "bfloat16", "float16"]
+DEVICE_HELP = "auto (cuda:0 when there is a GPU, else cpu) | cpu | cuda | cuda:N"
+
+
+def _device_field(value, field: str):
+    from rlvr.devices import check_name  # torch-free
+
+    return check_name(value, field) if value is not None else None
+
+
+class PlacementConfig(BaseConfig):
+    """Seed 000's role split (`placement.*`): a device per role, the policy's layers split over a list of devices.
+    A role left unset takes `device`."""
+
+    policy: list[str] | None = Field(None, description="the trainable policy's devices, split by layers "
+                                     "(embeddings, norm, lm_head on the first); [auto]: every CUDA device no other "
+                                     "role took")
+    rollout: str | None = Field(None, description="the rollout engine's weight copy (refreshed after every step)")
+    reference: str | None = Field(None, description="the frozen reference of the KL term")
+    eval: str | None = Field(None, description="periodic validation (its own engine when not the rollout device)")
+    teacher: str | None = Field(None, description="the distillation teacher (default: the reference's device)")
+
+    @model_validator(mode="after")
+    def _check(self):
+        for role in ("rollout", "reference", "eval", "teacher"):
+            _device_field(getattr(self, role), f"placement.{role}")
+        for i, name in enumerate(self.policy or []):
+            _device_field(name, f"placement.policy[{i}]")
+        if self.policy is not None and not self.policy:
+            raise ValueError("placement.policy is empty: name at least one device, or leave it unset")
+        return self
 CODE_PROMPTS = ("code", "code_chat")  # the prompts of code datasets (rlvr.prompts), graded by running tests
 SFT_PROMPTS = ("r1_zero", "r1_zero_three_shot") + CODE_PROMPTS  # the prompts that have an SFT target
 
@@ -208,11 +238,13 @@ class EvalConfig(DataFields):
     repetition_penalty: float = Field(1.0, gt=0)
     batch_size: int = Field(64, ge=1, description="rows decoded together")
     dtype: Dtype = Field("float32", description="generation dtype (bfloat16 is about 2x faster on this CPU)")
+    device: str = Field("auto", description=DEVICE_HELP)
     out: str | None = Field(None, description="output directory (default runs/eval/<model>-<prompt>-<split>)")
     examples_per_category: int = Field(2, ge=0, description="example responses printed per category")
 
     @model_validator(mode="after")
     def _defaults(self):
+        _device_field(self.device, "device")
         if self.temperature is None:
             object.__setattr__(self, "temperature", 0.0 if self.samples == 1 else 1.0)
         if self.samples > 1 and self.temperature == 0:
@@ -257,6 +289,14 @@ class TrainingFields(DataFields):
     tensorboard: bool = True
     wandb_project: str | None = None
     resume: bool = Field(False, description="continue from the last checkpoint in `out`")
+    # where the models run
+    device: str = Field("auto", description=DEVICE_HELP + "; every role's device unless placement.* names one")
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+
+    @model_validator(mode="after")
+    def _check_device(self):
+        _device_field(self.device, "device")
+        return self
 
 
 def sampling_params(cfg: BaseConfig, *, stop: tuple[str, ...], seed: int, validation: bool = False):
@@ -414,6 +454,9 @@ class TrainConfig(TrainingFields):
         if self.distributed.enabled and self.dynamic_sampling:
             raise ValueError("dynamic_sampling runs in the local loop only for now; set distributed.rollout_workers=0 "
                              "distributed.learners=1")
+        if self.distributed.enabled and self.placement != PlacementConfig():
+            raise ValueError("placement.* splits roles over the devices of one process; with distributed.* Ray "
+                             "places the roles (distributed.rollout_num_gpus, learner_num_gpus): remove placement.*")
         if self.distributed.enabled and self.distill:
             raise ValueError("on-policy distillation (distill > 0) runs in the local loop only; set "
                              "distributed.rollout_workers=0 distributed.learners=1")

@@ -24,9 +24,9 @@ from rlvr import checkpoint as ckpt
 from rlvr.config import DPOConfig
 from rlvr.data import DataError, DataOrder, Example, jsonl_rows, load_split
 from rlvr.estimators import dpo_loss
-from rlvr.hf_engine import HFEngine
-from rlvr.loop_common import (build_optimizer, fmt_metrics, load_frozen, load_policy, open_logger, restore,
-                              start_run, trainer_state, validate)
+from rlvr.devices import input_device
+from rlvr.loop_common import (build_engines, build_optimizer, fmt_metrics, load_frozen, load_policy, open_logger,
+                              placement, restore, start_run, trainer_state, validate)
 from rlvr.policy import autocast, get_response_log_probs, tokenize_prompt_and_output
 from rlvr.prompts import PromptTemplate, get_prompt
 from rlvr.rewards import get_reward_fn, rewards_and_metadata, score_batch
@@ -88,10 +88,11 @@ def rollout_pairs(engine, questions: list[Example], prompt: PromptTemplate, rewa
 def _sequence_log_probs(model, prompts: list[str], responses: list[str], tokenizer, cfg: DPOConfig):
     """Summed log-prob of each response given its prompt, (P,), with gradient when enabled."""
     tok = tokenize_prompt_and_output(prompts, responses, tokenizer)
-    with autocast(cfg.precision):
+    with autocast(cfg.precision, model):
         out = get_response_log_probs(model, tok["input_ids"], tok["labels"], positions=tok["response_mask"],
                                      share_prefix=cfg.share_prefix)
-    return (out["log_probs"].float() * tok["response_mask"]).sum(dim=-1)
+    log_probs = out["log_probs"].float()
+    return (log_probs * tok["response_mask"].to(log_probs.device)).sum(dim=-1).to(input_device(model))
 
 
 def _reference_log_probs(reference, model, pairs: list[Pair], prompt, tokenizer, cfg: DPOConfig):
@@ -123,7 +124,8 @@ def dpo_update(model, optimizer, reference, pairs: list[Pair], prompt, tokenizer
         logps = _sequence_log_probs(model, prompts + prompts, [p.chosen for p in mb] + [p.rejected for p in mb],
                                     tokenizer, cfg)
         chosen, rejected = logps[: len(mb)], logps[len(mb):]
-        loss, meta = dpo_loss(chosen, rejected, ref_chosen[m : m + len(mb)], ref_rejected[m : m + len(mb)], cfg.beta)
+        ref = [r[m : m + len(mb)].to(logps.device) for r in (ref_chosen, ref_rejected)]  # the reference's device
+        loss, meta = dpo_loss(chosen, rejected, *ref, cfg.beta)
         (loss.sum() / len(pairs)).backward()  # the mean over all pairs of the step
         totals["loss"] += float(loss.detach().sum())
         for key in ("rewards_chosen", "rewards_rejected", "margin", "accuracy"):
@@ -135,8 +137,8 @@ def dpo_update(model, optimizer, reference, pairs: list[Pair], prompt, tokenizer
     return {f"train/{k}": v / len(pairs) for k, v in totals.items()} | {"train/grad_norm": float(grad_norm)}
 
 
-def _frozen_reference(cfg: DPOConfig):
-    return None if cfg.lora_rank > 0 else load_frozen(cfg.model)[0]  # LoRA: the adapter-free base
+def _frozen_reference(cfg: DPOConfig, device):
+    return None if cfg.lora_rank > 0 else load_frozen(cfg.model, device)[0]  # LoRA: the adapter-free base
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -148,6 +150,7 @@ def train_dpo(cfg: DPOConfig) -> dict:
     if done is not None:
         log.info("%s already holds a finished model; nothing to do", done)
         return {"final": str(done), "already_finished": True}
+    where = placement(cfg)  # a device this machine lacks stops the run here, before anything is written
     run_dir = start_run(cfg)
     ckpt.seed_everything(cfg.seed)
     prompt = get_prompt(cfg.prompt)
@@ -155,14 +158,14 @@ def train_dpo(cfg: DPOConfig) -> dict:
     from_rollouts = cfg.pairs == "rollouts"
     source = load_split(cfg, "train", cfg.train_limit) if from_rollouts else load_pairs(cfg.pairs)
     val = load_split(cfg, "validation", cfg.eval_limit)
-    model, tokenizer, state = load_policy(cfg, run_dir)
-    reference = _frozen_reference(cfg)
+    model, tokenizer, state = load_policy(cfg, run_dir, where.policy)
+    reference = _frozen_reference(cfg, where.reference)
     optimizer, scheduler = build_optimizer(model, cfg, cfg.steps)
     step, order = restore(state, optimizer, scheduler, DataOrder(len(source), f"dpo-{cfg.seed}"))
     logger = open_logger(run_dir, cfg, state)
-    engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)
+    engine, val_engine = build_engines(model, tokenizer, cfg, where)
     if step == 0 and cfg.eval_at_start:
-        metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
+        metrics, _ = validate(val_engine, model, val, prompt, tokenizer, cfg)
         logger.log(0, metrics)
         log.info("step 0 validation: %s", fmt_metrics(metrics))
     from tqdm import tqdm
@@ -188,7 +191,7 @@ def train_dpo(cfg: DPOConfig) -> dict:
         metrics.update({"train/lr": lr, "train/epoch": order.epochs_done, "time/generate": generated,
                         "time/step_seconds": time.perf_counter() - started})
         if cfg.eval_every and step % cfg.eval_every == 0 or (step == cfg.steps and cfg.eval_at_end):
-            val_metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
+            val_metrics, _ = validate(val_engine, model, val, prompt, tokenizer, cfg)
             metrics.update(val_metrics)
             log.info("step %d: %s", step, fmt_metrics(metrics))
         logger.log(step, metrics)

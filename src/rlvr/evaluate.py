@@ -153,16 +153,18 @@ def run_eval(cfg: EvalConfig) -> dict:
     from tqdm import tqdm
 
     from rlvr.data import load_split
+    from rlvr.devices import resolve
     from rlvr.models import load_model
     from rlvr.prompts import get_prompt
     from rlvr.hf_engine import HFEngine
 
+    device = resolve(cfg.device, "device")  # before anything is loaded or written
     prompt = get_prompt(cfg.prompt)
     examples = load_split(cfg, cfg.split, cfg.limit)
     out = Path(cfg.out or f"runs/eval/{Path(cfg.model).name}-{cfg.prompt}-{cfg.split}")
     out.mkdir(parents=True, exist_ok=True)
     cfg.save(out / "config.yaml")
-    model, tokenizer = load_model(cfg.model)
+    model, tokenizer = load_model(cfg.model, device=device)
     engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size, dtype=cfg.dtype)
     sampling = sampling_params(cfg, stop=prompt.stop, seed=cfg.seed)
     with tqdm(total=len(examples) * cfg.samples, unit="completion", desc=f"eval {cfg.prompt}") as bar:

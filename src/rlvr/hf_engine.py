@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from rlvr import decode_llama
+from rlvr.devices import input_device
 from rlvr.models import cache_keyword
 from rlvr.rollout import Completion, SamplingParams
 
@@ -173,8 +174,8 @@ def preallocated_cache(reserve: int):
     return cache
 
 
-def _empty_copy(model, dtype: torch.dtype):
-    """A copy of the policy's architecture (without any LoRA wrapper) allocated directly in `dtype`."""
+def _empty_copy(model, dtype: torch.dtype, device: torch.device):
+    """A copy of the policy's architecture (without any LoRA wrapper) allocated directly in `dtype` on `device`."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     previous = torch.get_default_dtype()
     try:
@@ -183,7 +184,6 @@ def _empty_copy(model, dtype: torch.dtype):
             clone = type(base)(base.config)
     finally:
         torch.set_default_dtype(previous)
-    device = next(model.parameters()).device
     clone = clone.to_empty(device=device).to(dtype)
     clone.tie_weights()  # to_empty unties shared tensors such as a tied lm_head
     clone.generation_config = copy.deepcopy(base.generation_config)
@@ -224,35 +224,40 @@ def engine_weights(policy, dtype: str | None = None) -> dict[str, torch.Tensor]:
 class _Rows:
     """The rows being decoded; finished rows are dropped from every field together."""
 
-    index: torch.Tensor  # (R,) position in the chunk's completions
+    index: torch.Tensor  # (R,) position in the chunk's completions (on the CPU)
     keys: np.ndarray  # (R,) uint64 random-stream keys
-    attention: torch.Tensor  # (R, S) attention mask, grows one column per step
-    seen: torch.Tensor | None  # (R, V) tokens seen so far, for the repetition penalty
+    attention: torch.Tensor  # (R, S) attention mask, grows one column per step (on the model's device)
+    seen: torch.Tensor | None  # (R, V) tokens seen so far, for the repetition penalty (on the model's device)
 
-    def select(self, keep: torch.Tensor) -> None:
+    def select(self, keep: torch.Tensor, on_device: torch.Tensor) -> None:
+        """Keep rows `keep` (a CPU index; `on_device`, the same on the model's device)."""
         self.index = self.index[keep]
         self.keys = self.keys[keep.numpy()]
-        self.attention = self.attention[keep]
+        self.attention = self.attention[on_device]
         if self.seen is not None:
-            self.seen = self.seen[keep]
+            self.seen = self.seen[on_device]
 
 
 class HFEngine:
     """Batched sampling from a transformers causal LM (CPU or GPU)."""
 
     def __init__(self, model, tokenizer, batch_size: int = 64, dtype: str | None = None, compact_fraction: float = 0.25,
-                 fast_decode: bool = True):
-        """`dtype` different from the model's makes a private copy in that dtype (synced by sync_weights); a
-        LoRA policy gets a plain copy with the adapter merged in. `compact_fraction`: finished rows leave
-        the batch once they are this share of it. `fast_decode`: decode Llama-architecture models with
-        rlvr.decode_llama (fused weights, shared-prefix attention) instead of the transformers forward."""
+                 fast_decode: bool = True, device=None):
+        """`dtype` or `device` different from the model's makes a private copy in that dtype on that device
+        (synced by sync_weights, device to device); a LoRA policy gets a plain copy with the adapter merged in,
+        a policy split over several devices a whole copy on `device` (default: the policy's input device).
+        `compact_fraction`: finished rows leave the batch once they are this share of it. `fast_decode`: decode
+        Llama-architecture models on the CPU with rlvr.decode_llama (fused weights, shared-prefix attention)
+        instead of the transformers forward."""
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.compact_fraction = compact_fraction
         self.model = model
         policy_dtype = next(model.parameters()).dtype
-        if dtype is not None and getattr(torch, dtype) != policy_dtype:
-            self.model = _empty_copy(model, getattr(torch, dtype))
+        target = torch.device(device) if device is not None else input_device(model)
+        on_target = {p.device for p in model.parameters()} == {target}
+        if (dtype is not None and getattr(torch, dtype) != policy_dtype) or not on_target:
+            self.model = _empty_copy(model, getattr(torch, dtype) if dtype else policy_dtype, target)
             self.sync_weights(model)
         self._cache_kw = cache_keyword(self.model)
         self.fast_decode = fast_decode and decode_llama.supports(self.model)
@@ -325,7 +330,7 @@ class HFEngine:
 
     def _generate_chunk(self, encoded: list[list[int]], prompts: list[str], sampling: SamplingParams,
                         decoder: decode_llama.LlamaDecoder | None = None) -> list[Completion]:
-        device = next(self.model.parameters()).device
+        device = input_device(self.model)
         n, width = sampling.n, max(len(ids) for ids in encoded)
         input_ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(encoded), width), dtype=torch.long)
@@ -409,13 +414,14 @@ class HFEngine:
             done = int((~active).sum())
             if done and done >= self.compact_fraction * len(active):
                 keep = active.nonzero().squeeze(-1)
+                keep_device = keep.to(device, non_blocking=True)
                 if state is not None:
                     state.select(keep)
                     positions = positions[keep]
                 else:
-                    cache.batch_select_indices(keep.to(device))
-                rows.select(keep.to(device) if device.type != "cpu" else keep)
-                next_tokens = next_tokens[keep.to(device)]
+                    cache.batch_select_indices(keep_device)
+                rows.select(keep, keep_device)
+                next_tokens = next_tokens[keep_device]
                 active = torch.ones(len(keep), dtype=torch.bool)
             if state is not None:
                 logits = decoder.step(next_tokens, positions + step, state)

@@ -11,7 +11,9 @@ import torch
 from rlvr import checkpoint as ckpt
 from rlvr.config import TrainingFields, sampling_params
 from rlvr.data import DataOrder, Example
+from rlvr.devices import Placement, resolve_placement
 from rlvr.evaluate import evaluate
+from rlvr.hf_engine import HFEngine
 from rlvr.models import load_model, prepare_for_training
 from rlvr.prompts import PromptTemplate
 from rlvr.rollout import RolloutEngine
@@ -38,13 +40,20 @@ def build_optimizer(model, cfg: TrainingFields, total_steps: int):
     return optimizer, scheduler
 
 
-def load_policy(cfg: TrainingFields, run_dir: Path):
-    """The trainable model and tokenizer, from the last checkpoint when resuming. Returns (model, tokenizer,
-    trainer state or None)."""
+def placement(cfg: TrainingFields) -> Placement:
+    """Every role's device (rlvr.devices), checked against this machine before any model is loaded."""
+    where = resolve_placement(cfg.device, cfg.placement)
+    log.info("devices: %s", where.describe())
+    return where
+
+
+def load_policy(cfg: TrainingFields, run_dir: Path, devices=None):
+    """The trainable model and tokenizer on `devices` (one, or several to split its layers over; default the
+    CPU), from the last checkpoint when resuming. Returns (model, tokenizer, trainer state or None)."""
     resume_from = ckpt.latest_checkpoint(run_dir) if cfg.resume else None
     if cfg.resume and resume_from is None:  # the first run of a resumable job: nothing to warn about
         log.info("resume: no checkpoint in %s yet; starting from the beginning", run_dir)
-    model, tokenizer = load_model(cfg.model)
+    model, tokenizer = load_model(cfg.model, device=list(devices) if devices else "cpu")
     model = prepare_for_training(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout,
                                  gradient_checkpointing=cfg.gradient_checkpointing)
     state = None
@@ -55,14 +64,26 @@ def load_policy(cfg: TrainingFields, run_dir: Path):
     return model, tokenizer, state
 
 
-def load_frozen(name: str):
+def load_frozen(name: str, device="cpu"):
     """A model that only scores (a KL reference, a distillation teacher, DPO's reference): eval mode, no
     gradients. Returns (model, tokenizer)."""
-    model, tokenizer = load_model(name)
+    model, tokenizer = load_model(name, device=device)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return model, tokenizer
+
+
+def build_engines(model, tokenizer, cfg: TrainingFields, where: Placement, rollout: bool = True):
+    """(rollout engine, validation engine): each a weight copy in `generation_dtype` on its role's device
+    (refreshed from the policy by sync_weights, device to device); one engine serves both when their devices
+    agree. `rollout=False` (SFT): (None, validation engine)."""
+    make = lambda device: HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size,  # noqa: E731
+                                   dtype=cfg.generation_dtype, device=device)
+    engine = make(where.rollout) if rollout else None
+    if engine is not None and where.eval == where.rollout:
+        return engine, engine
+    return engine, make(where.eval)
 
 
 def validate(engine: RolloutEngine, policy, examples: list[Example], prompt: PromptTemplate, tokenizer,

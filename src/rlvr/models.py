@@ -148,15 +148,48 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
     return tokenizer
 
 
-def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32", device: str = "cpu"):
-    """(model, tokenizer) for a hub name, a saved directory, a .gguf file, or the default model."""
+def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32", device="cpu"):
+    """(model, tokenizer) for a hub name, a saved directory, a .gguf file, or the default model. `device`: one
+    device, or a list of CUDA devices to split the layers over (rlvr.devices.device_map, seed 000's rule)."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype)).to(device)
+    devices = list(device) if isinstance(device, (list, tuple)) else [device]
+    if len(devices) > 1:
+        import torch
+        from transformers import AutoConfig
+
+        from rlvr.devices import device_map
+
+        with torch.device("meta"):  # the module names only; no weights allocated
+            skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype),
+                                                     device_map=device_map(skeleton, devices))
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype)).to(devices[0])
     if model.generation_config.pad_token_id is None:  # a pad id of 0 is a real id
         model.generation_config.pad_token_id = model.config.eos_token_id
     return model, load_tokenizer(path)
+
+
+def default_config_dir() -> Path:
+    """The default model's config.json and generation_config.json, shipped with rlvr (no weights): what a
+    randomly initialised model of its shape is built from (GPU checks, speed measurements)."""
+    return Path(__file__).resolve().parent / "data" / "models" / DEFAULT_MODEL
+
+
+def random_model(config_dir: str | Path | None = None, dtype: str = "float32", device="cpu", seed: int = 0):
+    """A randomly initialised causal LM of the default model's shape (or of `config_dir`'s config): the same
+    work per token as the real model, without its weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config_dir = Path(config_dir or default_config_dir())
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config_dir), dtype=torch_dtype(dtype))
+    if (config_dir / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(config_dir)
+    return model.to(device)
 
 
 def prepare_for_training(model, lora_rank: int = 0, lora_alpha: float | None = None, lora_dropout: float = 0.0,

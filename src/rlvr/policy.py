@@ -20,6 +20,7 @@ import contextlib
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from rlvr.devices import input_device
 from rlvr.estimators import masked_normalize
 from rlvr.models import cache_keyword
 
@@ -31,10 +32,11 @@ MIN_SHARED_PREFIX = 8
 _SPECIAL_HEADS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
-def autocast(precision: str):
-    """bf16 autocast for matmuls (master weights stay fp32); a no-op for fp32."""
+def autocast(precision: str, model=None):
+    """bf16 autocast for matmuls (master weights stay fp32) on `model`'s device type (default the CPU); a no-op
+    for fp32."""
     if precision == "bf16":
-        return torch.autocast("cuda" if torch.cuda.is_available() else "cpu", dtype=torch.bfloat16)
+        return torch.autocast(input_device(model).type if model is not None else "cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -85,7 +87,7 @@ def _head_parts(model):
 
 def _scores(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool, temperature: float = 1.0):
     """Gathered log-prob of each label and (detached) entropy, from a chunk of logits / temperature, in float32."""
-    logits = logits.float()
+    logits, labels = logits.float(), labels.to(logits.device)
     if temperature != 1.0:
         logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)
@@ -158,6 +160,9 @@ def get_response_log_probs(
         raise ValueError(f"input_ids has shape {tuple(input_ids.shape)} but labels has {tuple(labels.shape)}")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0; got {temperature!r} (greedy rollouts have no distribution to score)")
+    device = input_device(model)  # batches are built on the CPU; the model may live on a GPU
+    input_ids, labels = input_ids.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+    positions = positions.to(device, non_blocking=True) if positions is not None else None
     parts = _head_parts(model)
     offset = 0
     if share_prefix and parts is not None and not _checkpointing(model):
@@ -220,6 +225,7 @@ def sft_microbatch_train_step(
     averaged over sequences, divided by gradient_accumulation_steps. Calls backward; returns that loss."""
     if gradient_accumulation_steps < 1:
         raise ValueError(f"gradient_accumulation_steps must be >= 1; got {gradient_accumulation_steps}")
+    response_mask = response_mask.to(policy_log_probs.device)
     per_sequence = -masked_normalize(policy_log_probs, response_mask, dim=-1, normalize_constant=normalize_constant)
     loss = per_sequence.mean() / gradient_accumulation_steps
     loss.backward()

@@ -33,8 +33,8 @@ from rlvr.data import DataOrder, Example, load_split
 from rlvr.estimators import distill_advantages
 from rlvr.evaluate import pass_at_k
 from rlvr.hf_engine import HFEngine
-from rlvr.loop_common import (build_optimizer, load_frozen, load_policy, open_logger, restore, start_run, trainer_state,
-                              validate)
+from rlvr.loop_common import (build_engines, build_optimizer, load_frozen, load_policy, open_logger, placement, restore,
+                              start_run, trainer_state, validate)
 from rlvr.policy import tokenize_prompt_and_output
 from rlvr.prompts import PromptTemplate, get_prompt
 from rlvr.rewards import combine_rewards, format_reward_fn, get_reward_fn, rewards_and_metadata, score_batch
@@ -291,24 +291,25 @@ def train_grpo(cfg: TrainConfig) -> dict:
         from rlvr.cluster import train_distributed
 
         return train_distributed(cfg)
+    where = placement(cfg)  # a device this machine lacks stops the run here, before anything is written
     run_dir = start_run(cfg)
     ckpt.seed_everything(cfg.seed)
     prompt, spec = get_prompt(cfg.prompt), cfg.estimator
     train = load_split(cfg, "train", cfg.train_limit)
     val = load_split(cfg, "validation", cfg.eval_limit)
     reward_fn = build_reward_fn(cfg, prompt.reward)
-    model, tokenizer, state = load_policy(cfg, run_dir)
+    model, tokenizer, state = load_policy(cfg, run_dir, where.policy)
     optimizer, scheduler = build_optimizer(model, cfg, cfg.steps * spec.steps_per_rollout)
-    reference = _reference_model(cfg)
-    teacher = _teacher_model(cfg, tokenizer)
+    reference = _reference_model(cfg, where.reference)
+    teacher = _teacher_model(cfg, tokenizer, where.teacher)
     monitor = RunMonitor(cfg.max_new_tokens)
     step, order = restore(state, optimizer, scheduler, DataOrder(len(train), f"grpo-{cfg.seed}"))
     if state is not None:
         monitor.load(state["monitor"])
     logger = open_logger(run_dir, cfg, state)
-    engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)
+    engine, val_engine = build_engines(model, tokenizer, cfg, where)
     if step == 0 and cfg.eval_at_start:
-        metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
+        metrics, _ = validate(val_engine, model, val, prompt, tokenizer, cfg)
         logger.log(0, metrics)
         log.info("step 0 validation: accuracy %.3f, format %.3f", metrics["val/accuracy"], metrics["val/format_rate"])
 
@@ -336,7 +337,7 @@ def train_grpo(cfg: TrainConfig) -> dict:
                    **dynamic}
         if validation_due(cfg, step):
             with _timed(times, "validate"):
-                val_metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
+                val_metrics, _ = validate(val_engine, model, val, prompt, tokenizer, cfg)
             metrics.update(val_metrics, **{"time/validate": times["validate"]})
         log_step(step, metrics, rollouts, scored, times, monitor, logger, bar, cfg)
         if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
@@ -396,12 +397,12 @@ def distill_from_teacher(batch: TrainBatch, model, teacher, spec: EstimatorSpec,
             "train/teacher_log_prob": float(teacher_lp.masked_fill(~mask, 0.0).sum()) / tokens}
 
 
-def _teacher_model(cfg: TrainConfig, tokenizer):
+def _teacher_model(cfg: TrainConfig, tokenizer, device="cpu"):
     """The frozen teacher of on-policy distillation; it must share the student's tokenizer (the signal
     compares the two models' log-probs of the same token ids)."""
     if not cfg.teacher or not cfg.distill:  # a teacher named in a shared config is unused without distill
         return None
-    teacher, teacher_tokenizer = load_frozen(cfg.teacher)
+    teacher, teacher_tokenizer = load_frozen(cfg.teacher, device)
     if teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
         raise ValueError(f"teacher={cfg.teacher!r} and model={cfg.model!r} have different tokenizers "
                          f"({len(teacher_tokenizer)} vs {len(tokenizer)} tokens); on-policy distillation "
@@ -409,14 +410,14 @@ def _teacher_model(cfg: TrainConfig, tokenizer):
     return teacher
 
 
-def _reference_model(cfg: TrainConfig):
-    """A frozen copy of the starting policy (`model=`, also after a resume) for the KL term; with LoRA the
-    adapter-free base serves."""
+def _reference_model(cfg: TrainConfig, device="cpu"):
+    """A frozen copy of the starting policy (`model=`, also after a resume) for the KL term, on its own device;
+    with LoRA the adapter-free base serves."""
     if not cfg.beta:
         return None
     if cfg.lora_rank > 0:
         return None  # `disable_adapter()` on the policy itself gives the reference
-    return load_frozen(cfg.model)[0]
+    return load_frozen(cfg.model, device)[0]
 
 
 def _reference_log_probs(reference, model, batch: TrainBatch, cfg: TrainConfig, rows: list[int] | None = None):
@@ -514,7 +515,8 @@ def evaluate_finished(cfg: TrainConfig, final: Path) -> dict:
     from rlvr.models import load_model
 
     log.info("%s holds a finished model; evaluating it instead of training", final)
-    model, tokenizer = load_model(str(final))
+    where = placement(cfg)
+    model, tokenizer = load_model(str(final), device=where.eval)
     engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)
     val = load_split(cfg, "validation", cfg.eval_limit)
     metrics, _ = validate(engine, model, val, get_prompt(cfg.prompt), tokenizer, cfg)

@@ -18,9 +18,8 @@ import torch
 from rlvr import checkpoint as ckpt
 from rlvr.config import SFTConfig
 from rlvr.data import DataOrder, load_split
-from rlvr.hf_engine import HFEngine
-from rlvr.loop_common import (build_optimizer, fmt_metrics, load_policy, open_logger, restore, start_run,
-                              trainer_state, validate)
+from rlvr.loop_common import (build_engines, build_optimizer, fmt_metrics, load_policy, open_logger, placement,
+                              restore, start_run, trainer_state, validate)
 from rlvr.policy import autocast, get_response_log_probs, sft_microbatch_train_step, tokenize_prompt_and_output
 from rlvr.prompts import get_prompt
 
@@ -36,6 +35,7 @@ def train_sft(cfg: SFTConfig) -> dict:
     if done is not None:
         log.info("%s already holds a finished model; nothing to do", done)
         return {"final": str(done), "already_finished": True}
+    where = placement(cfg)  # a device this machine lacks stops the run here, before anything is written
     run_dir = start_run(cfg)
     ckpt.seed_everything(cfg.seed)
     prompt = get_prompt(cfg.prompt)
@@ -43,11 +43,11 @@ def train_sft(cfg: SFTConfig) -> dict:
     val = load_split(cfg, "validation", cfg.eval_limit)
     for ex in train:  # an example without a target (a code row without a solution) fails before the model loads
         prompt.sft_response(ex)
-    model, tokenizer, state = load_policy(cfg, run_dir)
+    model, tokenizer, state = load_policy(cfg, run_dir, where.policy)
     optimizer, scheduler = build_optimizer(model, cfg, cfg.steps)
     step, order = restore(state, optimizer, scheduler, DataOrder(len(train), f"sft-{cfg.seed}"))
     logger = open_logger(run_dir, cfg, state)
-    engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)
+    engine = build_engines(model, tokenizer, cfg, where, rollout=False)[1]  # validation only
     accumulation = cfg.batch_size // cfg.microbatch_size
 
     if step == 0 and cfg.eval_at_start:
@@ -66,7 +66,7 @@ def train_sft(cfg: SFTConfig) -> dict:
             micro = batch[m : m + cfg.microbatch_size]
             tok = tokenize_prompt_and_output([prompt.format(ex.question, tokenizer) for ex in micro],
                                              [prompt.sft_response(ex) for ex in micro], tokenizer)
-            with autocast(cfg.precision):
+            with autocast(cfg.precision, model):
                 out = get_response_log_probs(model, tok["input_ids"], tok["labels"], positions=tok["response_mask"],
                                              share_prefix=cfg.share_prefix)
             loss, meta = sft_microbatch_train_step(out["log_probs"], tok["response_mask"], accumulation,

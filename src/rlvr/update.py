@@ -26,6 +26,7 @@ import torch
 
 from rlvr.algorithms import EstimatorSpec, compute_advantages, policy_loss
 from rlvr.estimators import aggregate_loss_across_microbatch, kl_penalty, microbatch_loss_scale, whole_batch_normalizer
+from rlvr.devices import input_device
 from rlvr.policy import autocast, get_response_log_probs, tokenize_prompt_and_output
 from rlvr.rewards import rewards_and_metadata, score_batch
 
@@ -107,13 +108,13 @@ def score_log_probs(model, input_ids, labels, response_mask, microbatch_size: in
     for mb in _microbatches(rows, input_ids, response_mask, microbatch_size):
         idx = torch.tensor(mb)
         w = int(widths[idx].max())
-        with autocast(precision):
+        with autocast(precision, model):
             lp = get_response_log_probs(model, input_ids[idx, :w], labels[idx, :w], return_token_entropy,
                                         positions=response_mask[idx, :w], share_prefix=share_prefix,
                                         temperature=temperature)
-        out[idx, :w] = lp["log_probs"].float()
+        out[idx, :w] = lp["log_probs"].float().cpu()
         if entropy is not None:
-            entropy[idx, :w] = lp["token_entropy"].float()
+            entropy[idx, :w] = lp["token_entropy"].float().cpu()
     model.train(was_training)
     return (out, entropy) if return_token_entropy else out
 
@@ -233,11 +234,13 @@ def policy_gradient_update(
         p.grad = None
 
     model.train()
-    total_loss, stats, diverged = torch.zeros(()), _UpdateStats(), False
+    device = input_device(model)  # the batch lives on the CPU; each microbatch's part goes to the model
+    total_loss, stats, diverged = torch.zeros((), device=device), _UpdateStats(), False
     for mb in _microbatches(kept, batch.input_ids, mask_all, microbatch_size):
         idx, w = torch.tensor(mb), int(widths[mb].max())
-        mask = mask_all[idx, :w]
-        with autocast(precision):
+        mask = mask_all[idx, :w].to(device, non_blocking=True)
+        on_device = lambda t: t[idx, :w].to(device, non_blocking=True)  # noqa: E731
+        with autocast(precision, model):
             scored = get_response_log_probs(model, batch.input_ids[idx, :w], batch.labels[idx, :w],
                                             return_token_entropy=True, positions=mask, share_prefix=share_prefix,
                                             temperature=temperature)
@@ -246,19 +249,19 @@ def policy_gradient_update(
             diverged = True  # raised below, after the collective every learner must reach
             break
         old = log_probs.detach() if on_policy_ratio else (
-            batch.old_log_probs[idx, :w].to(log_probs.dtype) if batch.old_log_probs is not None else None)
+            on_device(batch.old_log_probs).to(log_probs.dtype) if batch.old_log_probs is not None else None)
         if old is not None and not on_policy_ratio:
             old = torch.where(torch.isnan(old), log_probs.detach(), old)
         is_weight = None
         if tis_cap is not None:
             is_weight = torch.exp(log_probs.detach() - old).clamp(max=tis_cap).masked_fill(~mask, 0.0)
             old = None if not spec.needs_old_log_probs else old
-        per_token, meta = policy_loss(spec, batch.advantage_columns(idx, w), log_probs, old, mask)
+        per_token, meta = policy_loss(spec, batch.advantage_columns(idx, w).to(device), log_probs, old, mask)
         if is_weight is not None:
             per_token = per_token * is_weight
         kl = None
         if spec.beta > 0:
-            kl = kl_penalty(log_probs, batch.reference_log_probs[idx, :w].to(log_probs.dtype), spec.kl_estimator)
+            kl = kl_penalty(log_probs, on_device(batch.reference_log_probs).to(log_probs.dtype), spec.kl_estimator)
             per_token = per_token + spec.beta * kl
         loss = aggregate_loss_across_microbatch(per_token, mask, spec.loss_normalization, normalizer)
         loss = loss * microbatch_loss_scale(spec.loss_normalization, len(mb), n)
@@ -269,7 +272,7 @@ def policy_gradient_update(
     microbatches = math.ceil(len(kept) / microbatch_size) if kept else 0
     if parallel is not None:  # every learner reaches this, diverged or not, before any of them gives up
         summed = stats.reduce(parallel, [float(diverged), float(microbatches), float(total_loss)])
-        diverged, microbatches, total_loss = summed[0] > 0, int(summed[1]), torch.tensor(summed[2])
+        diverged, microbatches, total_loss = summed[0] > 0, int(summed[1]), torch.tensor(summed[2], device=device)
     if diverged:
         optimizer.zero_grad(set_to_none=True)
         raise NonFiniteLoss("the policy's log-probs are NaN/inf (diverged weights?); step skipped, gradients cleared")

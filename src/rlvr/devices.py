@@ -1,0 +1,152 @@
+"""Where each model lives: device names, seed 000's role-split placement, and the plan that splits a policy's
+layers over several GPUs.
+
+Seed 000 runs RL with one job per GPU: the rollout engine (`sample_model`), the frozen reference, the periodic
+evaluation, and the trainable policy over every remaining GPU -- embeddings, final norm and lm_head on the
+first policy GPU, the transformer layers in order, ceil(num_layers / n) per GPU. Here that is a `placement`
+(config section) resolved once, before any model is loaded, into a `Placement` of torch devices. Roles may
+share a device; the default puts every role on `device` (auto: cuda:0 when there is a GPU, else the CPU).
+
+Names are checked twice: their syntax by the config (torch-free, `check_name`), their existence on this
+machine by `resolve` (a device that is not there is refused naming the field, before any weights load).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+_NAME = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+ROLES = ("rollout", "reference", "eval", "teacher")
+
+
+def check_name(value: str, field: str) -> str:
+    """`value` if it is a device name rlvr takes (auto, cpu, cuda, cuda:N), else a ValueError naming `field`."""
+    if not isinstance(value, str) or not _NAME.match(value.strip()):
+        raise ValueError(f"{field}={value!r} is not a device: use auto, cpu, cuda or cuda:N")
+    return value.strip()
+
+
+def cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve(name: str, field: str = "device", default: str = "auto"):
+    """The torch.device `name` means on this machine (auto: cuda:0 if CUDA is there, else cpu), or a ValueError
+    naming `field` when the device does not exist here."""
+    import torch
+
+    name = check_name(name or default, field)
+    count = cuda_count()
+    if name == "auto":
+        return torch.device("cuda:0" if count else "cpu")
+    if name == "cpu":
+        return torch.device("cpu")
+    index = int(name.partition(":")[2] or 0)
+    if count == 0:
+        raise ValueError(f"{field}={name!r}: this machine has no CUDA device (torch {torch.__version__}, "
+                         f"CUDA available: {torch.cuda.is_available()}); use {field}=cpu or auto")
+    if index >= count:
+        raise ValueError(f"{field}={name!r}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}")
+    return torch.device("cuda", index)
+
+
+def layer_plan(num_layers: int, devices: list) -> list:
+    """Seed 000's rule: layer i goes to devices[i // ceil(num_layers / len(devices))], in order. With more
+    devices than that rule fills, the last ones get no layer (ceil(5 / 4) = 2: 2, 2, 1, 0 layers)."""
+    if num_layers < 1 or not devices:
+        raise ValueError(f"layer_plan needs at least one layer and one device (got {num_layers}, {devices!r})")
+    per_device = math.ceil(num_layers / len(devices))
+    return [devices[i // per_device] for i in range(num_layers)]
+
+
+def decoder_layers(model) -> tuple[str, int]:
+    """(module name, count) of the model's stack of transformer layers: the longest nn.ModuleList in it."""
+    import torch
+
+    best = max(((name, len(m)) for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList)),
+               key=lambda item: item[1], default=None)
+    if best is None:
+        raise ValueError(f"{type(model).__name__} has no list of layers to split over devices")
+    return best
+
+
+def device_map(model, devices: list) -> dict[str, str]:
+    """A transformers/accelerate `device_map` for `model` (a meta-device skeleton is enough) over the policy's
+    devices: the layers by `layer_plan`; every other module -- embeddings, final norm, rotary embedding,
+    lm_head (tied to the embeddings in SmolLM2) -- on the first device, where the inputs and the logits are."""
+    layers, count = decoder_layers(model)
+    names = [str(d) for d in devices]
+    plan = {f"{layers}.{i}": device for i, device in enumerate(layer_plan(count, names))}
+    parent = layers.rpartition(".")[0]
+    owners = [""] + [parent[: i] for i, ch in enumerate(parent) if ch == "."] + ([parent] if parent else [])
+    for owner in owners:  # the siblings of the layer stack and of each module above it
+        module = model.get_submodule(owner) if owner else model
+        for name, _ in module.named_children():
+            full = f"{owner}.{name}" if owner else name
+            if full != layers and not layers.startswith(full + "."):
+                plan[full] = names[0]
+    return plan
+
+
+def input_device(model):
+    """The device a model's inputs go to: its input embeddings' (the first policy device when split)."""
+    get = getattr(model, "get_input_embeddings", None)
+    embeddings = get() if get is not None else None
+    weight = getattr(embeddings, "weight", None)
+    return weight.device if weight is not None else next(model.parameters()).device
+
+
+def autocast_device(model) -> str:
+    """'cuda' or 'cpu': the device type torch.autocast needs for `model`."""
+    return input_device(model).type
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Each role's torch device; `policy` is one or more (split by layers)."""
+
+    policy: tuple
+    rollout: object
+    reference: object
+    eval: object
+    teacher: object
+
+    @property
+    def main(self):
+        """The policy's first device: its inputs, embeddings and logits."""
+        return self.policy[0]
+
+    def describe(self) -> str:
+        policy = ", ".join(map(str, self.policy))
+        return (f"policy [{policy}], rollout {self.rollout}, reference {self.reference}, eval {self.eval}, "
+                f"teacher {self.teacher}")
+
+
+def resolve_placement(device: str = "auto", placement=None) -> Placement:
+    """The Placement a config names: `device` for every role that `placement` (a PlacementConfig, or None)
+    leaves unset. `placement.policy = ["auto"]` is seed 000's rule: every CUDA device no other role took
+    (the rollout device when none is left). Raises ValueError naming the field of a device not on this machine."""
+    base = resolve(device, "device")
+    get = (lambda role: getattr(placement, role, None)) if placement is not None else (lambda role: None)
+    roles = {role: resolve(get(role), f"placement.{role}") if get(role) else base for role in ROLES}
+    if roles["teacher"] == base and get("teacher") is None and get("reference"):
+        roles["teacher"] = roles["reference"]  # a frozen scorer, like the reference: on its device by default
+    names = list(get("policy") or [])
+    if names == ["auto"]:
+        taken = {roles[role] for role in ("rollout", "reference", "eval") if get(role)}
+        free = [d for d in (resolve(f"cuda:{i}", "placement.policy") for i in range(cuda_count())) if d not in taken]
+        policy = tuple(free) or (roles["rollout"],)
+    else:
+        if "auto" in names:
+            raise ValueError("placement.policy: 'auto' stands alone (every CUDA device no other role took)")
+        policy = tuple(resolve(n, f"placement.policy[{i}]") for i, n in enumerate(names)) or (base,)
+    if len(set(policy)) != len(policy):
+        raise ValueError(f"placement.policy names a device twice: {list(map(str, policy))}")
+    if len(policy) > 1 and any(d.type == "cpu" for d in policy):
+        raise ValueError(f"placement.policy={list(map(str, policy))}: a policy split over several devices takes "
+                         "CUDA devices only (cpu in a device map means offloading, which rlvr does not do)")
+    return Placement(policy, roles["rollout"], roles["reference"], roles["eval"], roles["teacher"])

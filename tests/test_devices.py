@@ -1,0 +1,131 @@
+"""Devices on a CPU machine: seed 000's layer plan, placement checks before any model loads, and the loop with
+every role placed on `cpu` giving today's numbers."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import make_model, train_cfg
+from rlvr import devices
+from rlvr.config import ConfigError, EvalConfig, SFTConfig, TrainConfig, load_config
+from rlvr.devices import Placement, device_map, layer_plan, resolve, resolve_placement
+
+
+def test_layer_plan_is_seed_000s_ceil_rule():
+    # ceil(30 / 4) = 8 layers per device, in order; the last device takes what is left
+    plan = layer_plan(30, ["a", "b", "c", "d"])
+    assert [plan.count(d) for d in "abcd"] == [8, 8, 8, 6]
+    assert plan == sorted(plan)  # in order: a block per device
+    # ceil(5 / 4) = 2: the fourth device gets nothing
+    assert layer_plan(5, ["a", "b", "c", "d"]) == ["a", "a", "b", "b", "c"]
+    assert layer_plan(3, ["x"]) == ["x", "x", "x"]
+    with pytest.raises(ValueError):
+        layer_plan(0, ["a"])
+
+
+def test_device_map_covers_every_weight_with_head_and_embeddings_on_the_first_device():
+    from accelerate.utils import check_device_map
+
+    model = make_model(50, layers=5)
+    plan = device_map(model, ["cuda:0", "cuda:1", "cuda:2"])
+    check_device_map(model, plan)  # every parameter belongs to exactly one entry (raises otherwise)
+    for name in ("model.embed_tokens", "model.norm", "model.rotary_emb", "lm_head"):
+        assert plan[name] == "cuda:0"
+    assert [plan[f"model.layers.{i}"] for i in range(5)] == ["cuda:0", "cuda:0", "cuda:1", "cuda:1", "cuda:2"]
+    assert devices.decoder_layers(model) == ("model.layers", 5)
+
+
+def test_device_names_are_checked_by_the_config_naming_the_field():
+    with pytest.raises(ConfigError, match=r"placement\.rollout='gpu0' is not a device"):
+        load_config(TrainConfig, overrides=["placement.rollout=gpu0"])
+    with pytest.raises(ConfigError, match=r"placement\.policy\[1\]='cuda:a'"):
+        load_config(TrainConfig, overrides=["placement.policy=[cuda:0, cuda:a]"])
+    with pytest.raises(ConfigError, match=r"device='tpu'"):
+        load_config(SFTConfig, overrides=["device=tpu"])
+    with pytest.raises(ConfigError, match=r"device='cuda0'"):
+        load_config(EvalConfig, overrides=["device=cuda0"])
+    with pytest.raises(ConfigError, match="placement.policy is empty"):
+        load_config(TrainConfig, overrides=["placement.policy=[]"])
+    with pytest.raises(ConfigError, match=r"Ray places the roles"):
+        load_config(TrainConfig, overrides=["distributed.rollout_workers=1", "placement.rollout=cpu"])
+    cfg = load_config(TrainConfig, overrides=["placement.policy=[cuda:1, cuda:2]", "placement.rollout=cuda:0"])
+    assert cfg.placement.policy == ["cuda:1", "cuda:2"] and cfg.device == "auto"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_a_device_this_machine_lacks_is_refused_naming_the_field():
+    cfg = load_config(TrainConfig, overrides=["placement.reference=cuda:0"])
+    with pytest.raises(ValueError, match=r"placement\.reference='cuda:0': this machine has no CUDA device"):
+        resolve_placement(cfg.device, cfg.placement)
+    with pytest.raises(ValueError, match=r"^device='cuda'"):
+        resolve("cuda")
+    assert resolve("auto") == torch.device("cpu")
+
+
+def test_a_missing_device_stops_rlvr_train_before_any_model_loads(tmp_path, monkeypatch):
+    from rlvr import loop_common
+    from rlvr.rl import train_grpo
+
+    monkeypatch.setattr(devices, "cuda_count", lambda: 2)
+    loaded = []
+    monkeypatch.setattr(loop_common, "load_model", lambda *a, **k: loaded.append(a) or pytest.fail("loaded"))
+    cfg = train_cfg(tmp_path / "no-model-needed", tmp_path / "run", **{"placement.eval": "cuda:5"})
+    with pytest.raises(ValueError, match=r"placement\.eval='cuda:5': this machine has 2 CUDA device\(s\), "
+                                         r"cuda:0\.\.cuda:1"):
+        train_grpo(cfg)
+    assert not loaded and not (tmp_path / "run").exists()
+
+
+def test_placement_defaults_and_seed_000s_remaining_gpus(monkeypatch):
+    monkeypatch.setattr(devices, "cuda_count", lambda: 8)
+    cuda = lambda i: torch.device("cuda", i)  # noqa: E731
+    # nothing placed: every role on `device` (auto = cuda:0)
+    assert resolve_placement("auto") == Placement((cuda(0),), cuda(0), cuda(0), cuda(0), cuda(0))
+    # seed 000's defaults: sampling cuda:7, reference cuda:6, eval cuda:5, the policy on all the others
+    cfg = load_config(TrainConfig, overrides=["placement.rollout=cuda:7", "placement.reference=cuda:6",
+                                              "placement.eval=cuda:5", "placement.policy=[auto]"])
+    where = resolve_placement(cfg.device, cfg.placement)
+    assert where.policy == tuple(cuda(i) for i in range(5))
+    assert (where.rollout, where.reference, where.eval) == (cuda(7), cuda(6), cuda(5))
+    assert where.teacher == cuda(6)  # a frozen scorer: the reference's device unless named
+    assert where.main == cuda(0)
+    # a single GPU: every role shares it, the policy falls back to the rollout device when none is free
+    monkeypatch.setattr(devices, "cuda_count", lambda: 1)
+    cfg = load_config(TrainConfig, overrides=["placement.rollout=cuda:0", "placement.policy=[auto]"])
+    assert resolve_placement(cfg.device, cfg.placement).policy == (cuda(0),)
+    with pytest.raises(ValueError, match="names a device twice"):
+        resolve_placement("cuda", load_config(TrainConfig, overrides=["placement.policy=[cuda, cuda:0]"]).placement)
+    with pytest.raises(ValueError, match="CUDA devices only"):
+        resolve_placement("cpu", load_config(TrainConfig, overrides=["placement.policy=[cpu, cuda:0]"]).placement)
+
+
+def test_engine_on_an_explicit_device_is_a_synced_copy(tiny_model, tokenizer):
+    from rlvr.hf_engine import HFEngine
+    from rlvr.rollout import SamplingParams
+
+    shared = HFEngine(tiny_model, tokenizer)
+    placed = HFEngine(tiny_model, tokenizer, device="cpu")
+    assert shared.model is tiny_model and placed.model is tiny_model  # already there: no copy
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, n=2, seed=3)
+    assert ([c.token_ids for c in shared.generate(["Hi", "2+2="], sampling)]
+            == [c.token_ids for c in placed.generate(["Hi", "2+2="], sampling)])
+
+
+def _metrics(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/") and not k.endswith("/seconds")}
+            for r in rows]
+
+
+def test_every_role_placed_on_cpu_gives_todays_numbers(tmp_path, model_dir):
+    """The whole loop with an explicit all-cpu placement (reference in use: beta > 0) equals the default run."""
+    from rlvr.rl import train_grpo
+
+    common = dict(beta=0.05, steps=2)
+    train_grpo(train_cfg(model_dir, tmp_path / "default", **common))
+    placed = {"device": "cpu", "placement.policy": ["cpu"], "placement.rollout": "cpu",
+              "placement.reference": "cpu", "placement.eval": "cpu"}
+    train_grpo(train_cfg(model_dir, tmp_path / "placed", **common, **placed))
+    assert _metrics(tmp_path / "placed") == _metrics(tmp_path / "default")
+    assert len(_metrics(tmp_path / "default")) == 3  # step 0 validation, 2 steps
