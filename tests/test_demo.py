@@ -11,14 +11,15 @@ def test_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
     out = tmp_path / "demo"
     args = ["demo", f"model={model_dir}", "dataset=arithmetic:steps=1,max=9", f"out={out}", "eval_limit=3",
             "eval_max_new_tokens=4", "sft_steps=2", "sft_batch_size=2", "grpo_steps=1", "rollout_batch_size=4",
-            "group_size=2", "max_new_tokens=4", "baseline_limit=2", "baseline_max_new_tokens=4"]
+            "group_size=2", "max_new_tokens=4", "baseline_limit=2", "baseline_max_new_tokens=4",
+            "untrained_eval_limit=2"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     table = (out / "results.md").read_text()
-    for stage in ("baseline", "after SFT", "after SFT + GRPO"):
+    for stage in ("baseline (first 2)", "after SFT", "after SFT + GRPO"):  # the untrained row names its size
         assert f"| {stage} |" in table
-    for stage in ("eval_baseline", "eval_sft", "eval_grpo"):
-        assert json.loads((out / stage / "summary.json").read_text())["n"] == 3
+    for stage, n in (("eval_baseline", 2), ("eval_sft", 3), ("eval_grpo", 3)):
+        assert json.loads((out / stage / "summary.json").read_text())["n"] == n
     prompting = json.loads((out / "eval_prompting" / "summary.json").read_text())
     assert prompting["n"] == 2 and prompting["dataset"] == "gsm8k"  # the prompting baseline, on GSM8K
     assert "| prompting only |" in table and "Prompting baseline on gsm8k" in table and "+- " in table

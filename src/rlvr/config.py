@@ -518,9 +518,11 @@ class DemoConfig(BaseConfig):
     out: str = "runs/demo"
     seed: int = 0
     baseline_dataset: str | None = Field("gsm8k", description="a prompting-only baseline shown first (None: skip)")
-    baseline_limit: int = Field(100, ge=1)
+    baseline_limit: int = Field(50, ge=1, description="questions of the prompting-only baseline")
     baseline_max_new_tokens: int = Field(256, ge=1)
-    eval_limit: int = Field(500, ge=1, description="test questions evaluated before and after")
+    eval_limit: int = Field(500, ge=1, description="test questions the SFT and GRPO models are evaluated on")
+    untrained_eval_limit: int | None = Field(100, ge=1, description="of those, the first N for the untrained "
+                                             "model (it never writes the answer format; None: all eval_limit)")
     eval_max_new_tokens: int = Field(96, ge=1)
     sft_steps: int = Field(30, ge=1)
     sft_batch_size: int = Field(16, ge=1)

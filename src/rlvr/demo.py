@@ -24,14 +24,14 @@ from rlvr.config import DemoConfig, EvalConfig, SFTConfig, TrainConfig, load_con
 log = logging.getLogger(__name__)
 
 
-def _eval(cfg: DemoConfig, model: str, out: Path, baseline: bool = False) -> dict:
+def _eval(cfg: DemoConfig, model: str, out: Path, baseline: bool = False, limit: int | None = None) -> dict:
     from rlvr.evaluate import run_eval
 
     summary_file = out / "summary.json"
     if summary_file.is_file():
         return json.loads(summary_file.read_text())
     dataset, limit, tokens = ((cfg.baseline_dataset, cfg.baseline_limit, cfg.baseline_max_new_tokens) if baseline
-                              else (cfg.dataset, cfg.eval_limit, cfg.eval_max_new_tokens))
+                              else (cfg.dataset, limit or cfg.eval_limit, cfg.eval_max_new_tokens))
     eval_cfg = load_config(EvalConfig, overrides=dict(
         model=model, dataset=dataset, split="test", limit=limit, max_new_tokens=tokens,
         dtype="bfloat16", out=str(out), examples_per_category=1, seed=cfg.seed))
@@ -64,7 +64,10 @@ def run_demo(cfg: DemoConfig) -> list[dict]:
         prompting = _eval(cfg, cfg.model, out / "eval_prompting", baseline=True)
         timings[f"{cfg.baseline_dataset} prompting baseline"] = time.perf_counter() - t
     t = time.perf_counter()
-    rows.append(("baseline", _eval(cfg, cfg.model, out / "eval_baseline")))
+    # the untrained model writes no answer format on any question: its row needs fewer of them (named in it)
+    untrained = min(cfg.untrained_eval_limit or cfg.eval_limit, cfg.eval_limit)
+    name = "baseline" if untrained == cfg.eval_limit else f"baseline (first {untrained})"
+    rows.append((name, _eval(cfg, cfg.model, out / "eval_baseline", limit=untrained)))
     timings["baseline eval"] = time.perf_counter() - t
 
     t = time.perf_counter()
