@@ -172,8 +172,8 @@ class PlacementConfig(BaseConfig):
     A role left unset takes `device`."""
 
     policy: list[str] | None = Field(None, description="the trainable policy's devices, split by layers "
-                                     "(embeddings, norm, lm_head on the first); [auto]: every CUDA device no other "
-                                     "role took")
+                                     "(embeddings, norm, lm_head on the first); the list of auto alone: every CUDA "
+                                     "device no other role took (seed 000)")
     rollout: str | None = Field(None, description="the rollout engine's weight copy (refreshed after every step)")
     reference: str | None = Field(None, description="the frozen reference of the KL term")
     eval: str | None = Field(None, description="periodic validation (its own engine when not the rollout device)")
