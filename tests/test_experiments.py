@@ -213,8 +213,9 @@ def test_plot_command_writes_png_and_svg_for_the_metrics_present(sweep_root, tmp
     assert {p.name for p in out.iterdir()} == {f"{n}.{e}" for n in present for e in ("png", "svg")}
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<svg" in (out / "kl.svg").read_text()[:1000]
-    # no run logged a clip fraction and the learning rate is the same everywhere: no such figures
-    assert {f.name for f in FIGURES} - present == {"clip_fraction"}
+    # no run logged a clip fraction or a sampled validation, and the learning rate is the same everywhere: no
+    # such figures
+    assert {f.name for f in FIGURES} - present == {"clip_fraction", "val_sampled_reward"}
     result = CliRunner().invoke(app, ["plot", str(sweep_root), "--out", str(out), "--band", "bogus"])
     assert result.exit_code == 2 and "ci or minmax" in result.output
 

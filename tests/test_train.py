@@ -157,3 +157,30 @@ def test_every_run_seed_holds_out_the_same_validation_questions(tmp_path, model_
         batch_size=2, microbatch_size=2, eval_every=0, eval_at_start=False, eval_at_end=False,
         precision="fp32", tensorboard=False)))
     assert seen == [("train", 0), ("validation", 0)] * 2
+
+
+def test_sampled_validation_beside_the_greedy_one_and_in_the_summary(tmp_path, model_dir, monkeypatch):
+    """eval_sampled_samples: a second validation at eval_sampled_temperature, logged as val_sampled/* at every
+    validation step; its accuracy is the mean over samples (sampled pass@1) and reaches `rlvr summary`."""
+    from rlvr import loop_common
+    from rlvr.runs import load_groups, summarize
+
+    calls = []
+    real = loop_common.evaluate
+
+    def spy(engine, examples, prompt, sampling, **kw):
+        calls.append((sampling.temperature, sampling.n, sampling.seed))
+        return real(engine, examples, prompt, sampling, **kw)
+
+    monkeypatch.setattr(loop_common, "evaluate", spy)
+    out = tmp_path / "run"
+    train_module.train_grpo(_cfg(model_dir, out, steps=2, eval_sampled_samples=3, eval_sampled_temperature=0.7))
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "val/accuracy" in r]
+    assert [r["step"] for r in rows] == [0, 2]
+    for r in rows:
+        assert {"val_sampled/accuracy", "val_sampled/format_rate", "val_sampled/pass@1", "val_sampled/pass@3"} <= set(r)
+        assert r["val_sampled/pass@1"] == pytest.approx(r["val_sampled/accuracy"])
+        assert "val/pass@1" not in r  # the greedy one stays one sample
+    assert calls == [(0.0, 1, 0), (0.7, 3, 0)] * 2  # greedy, then sampled, at each validation step
+    run = summarize(load_groups([out])).runs[0]
+    assert run.final_val_sampled_accuracy == pytest.approx(rows[-1]["val_sampled/accuracy"])

@@ -282,6 +282,9 @@ class TrainingFields(DataFields):
     eval_max_new_tokens: int = Field(256, ge=1)
     eval_temperature: float = Field(0.0, ge=0, description="0 = greedy validation")
     eval_samples: int = Field(1, ge=1, description="completions per validation question (needs eval_temperature > 0)")
+    eval_sampled_samples: int = Field(0, ge=0, description="also validate with N samples per question at "
+                                      "eval_sampled_temperature (0: off): val_sampled/accuracy = sampled pass@1")
+    eval_sampled_temperature: float = Field(1.0, gt=0, description="temperature of the sampled validation")
     generation_dtype: Dtype = Field("bfloat16", description="dtype of the rollout/eval engine's weight copy")
     generation_batch_size: int = Field(64, ge=1)
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
@@ -299,9 +302,14 @@ class TrainingFields(DataFields):
         return self
 
 
-def sampling_params(cfg: BaseConfig, *, stop: tuple[str, ...], seed: int, validation: bool = False):
+def sampling_params(cfg: BaseConfig, *, stop: tuple[str, ...], seed: int, validation: bool = False,
+                    sampled: bool = False):
     """The one place a config becomes SamplingParams: `rlvr eval`'s settings, `rlvr train`'s rollouts (G
-    samples each, with their entropies for the whole batch's token entropy), or validation (`eval_*`)."""
+    samples each, with their entropies for the whole batch's token entropy), validation (`eval_*`), or the
+    sampled validation beside it (`sampled`: `eval_sampled_*`)."""
+    if validation and sampled:
+        return SamplingParams(temperature=cfg.eval_sampled_temperature, max_new_tokens=cfg.eval_max_new_tokens,
+                              stop=stop, seed=seed, n=cfg.eval_sampled_samples)
     if validation:
         return SamplingParams(temperature=cfg.eval_temperature, max_new_tokens=cfg.eval_max_new_tokens, stop=stop,
                               seed=seed, n=cfg.eval_samples)

@@ -88,20 +88,28 @@ def build_engines(model, tokenizer, cfg: TrainingFields, where: Placement, rollo
 
 def validate(engine: RolloutEngine, policy, examples: list[Example], prompt: PromptTemplate, tokenizer,
              cfg: TrainingFields, prefix: str = "val") -> tuple[dict, list[dict]]:
-    """Greedy (by default) validation through the evaluation code; returns metrics and the records."""
+    """Greedy (by default) validation through the evaluation code, and with `eval_sampled_samples` the sampled
+    one beside it (metrics under `<prefix>_sampled/`, e.g. val_sampled/accuracy, the sampled pass@1); returns
+    metrics and the records of the first."""
     engine.sync_weights(policy)
-    sampling = sampling_params(cfg, stop=prompt.stop, seed=cfg.seed, validation=True)
-    result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer)
-    s = result.summary
-    metrics = {
-        f"{prefix}/accuracy": s["accuracy"],
-        f"{prefix}/format_rate": s["format_rate"],
-        f"{prefix}/mean_response_tokens": s["mean_response_tokens"],
-        f"{prefix}/truncated_rate": s["truncated_rate"],
-        f"{prefix}/seconds": s["seconds"],
-        **{f"{prefix}/pass@{k}": v for k, v in s.get("pass_at_k", {}).items()},
-    }
-    return metrics, result.records
+    runs = [(prefix, sampling_params(cfg, stop=prompt.stop, seed=cfg.seed, validation=True))]
+    if cfg.eval_sampled_samples:
+        runs.append((f"{prefix}_sampled", sampling_params(cfg, stop=prompt.stop, seed=cfg.seed, validation=True,
+                                                          sampled=True)))
+    metrics, records = {}, None
+    for name, sampling in runs:
+        result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer)
+        s = result.summary
+        metrics.update({
+            f"{name}/accuracy": s["accuracy"],
+            f"{name}/format_rate": s["format_rate"],
+            f"{name}/mean_response_tokens": s["mean_response_tokens"],
+            f"{name}/truncated_rate": s["truncated_rate"],
+            f"{name}/seconds": s["seconds"],
+            **{f"{name}/pass@{k}": v for k, v in s.get("pass_at_k", {}).items()},
+        })
+        records = records if records is not None else result.records
+    return metrics, records
 
 
 def start_run(cfg: TrainingFields) -> Path:

@@ -33,6 +33,8 @@ FIGURES = (
                  (("train/reward", "reward"), ("train/format_reward", "format reward"))),
     MetricFigure("val_reward", "Validation reward",
                  (("val/accuracy", "accuracy (reward)"), ("val/format_rate", "format reward"))),
+    MetricFigure("val_sampled_reward", "Sampled validation (eval_sampled_samples)",
+                 (("val_sampled/accuracy", "sampled accuracy (pass@1)"), ("val_sampled/format_rate", "format reward"))),
     MetricFigure("val_response_length", "Validation mean response length",
                  (("val/mean_response_tokens", "tokens"),)),
     MetricFigure("train_response_length", "Rollout mean response length", (("rollout/mean_tokens", "tokens"),)),

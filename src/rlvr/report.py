@@ -33,7 +33,8 @@ figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; 
 """
 
 METRIC_TITLES = {"final_val_accuracy": "final val accuracy", "best_val_accuracy": "best val accuracy",
-                 "final_val_format_rate": "final val format rate"}
+                 "final_val_format_rate": "final val format rate",
+                 "final_val_sampled_accuracy": "final sampled val accuracy"}
 
 
 def esc(value) -> str:
@@ -95,7 +96,7 @@ def numbers_section(summary: Summary) -> str:
                  "yes" if r.finished else "<span class=bad>no</span>",
                  f"{_num(r.final_val_accuracy)} <span class=muted>(step {esc(r.final_val_step)})</span>",
                  f"{_num(r.best_val_accuracy)} <span class=muted>(step {esc(r.best_val_step)})</span>",
-                 _num(r.final_val_format_rate)] for r in summary.runs]
+                 _num(r.final_val_format_rate), _num(r.final_val_sampled_accuracy)] for r in summary.runs]
     return "\n".join([
         "<h2>Final numbers</h2>",
         "<p>Final = at the last validation step; best = the highest validation accuracy of the run. "
@@ -104,7 +105,7 @@ def numbers_section(summary: Summary) -> str:
         _table(header, rows),
         "<details open><summary>Every run</summary>",
         _table(["run", "group", "seed", "steps", "finished", "final val accuracy", "best val accuracy",
-                "final val format rate"], run_rows),
+                "final val format rate", "final sampled val accuracy"], run_rows),
         "</details>",
     ])
 

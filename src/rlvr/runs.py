@@ -216,7 +216,7 @@ def group_runs(runs: Sequence[Run]) -> list[Group]:
 # ----------------------------------------------------------------------------------------------------
 # Summary: one function computes it for `rlvr summary`, `rlvr report` and `rlvr plot`.
 
-SUMMARY_METRICS = ("final_val_accuracy", "best_val_accuracy", "final_val_format_rate")
+SUMMARY_METRICS = ("final_val_accuracy", "best_val_accuracy", "final_val_format_rate", "final_val_sampled_accuracy")
 
 
 @dataclass
@@ -233,6 +233,7 @@ class RunSummary:
     best_val_accuracy: float | None
     best_val_step: int | None
     final_val_format_rate: float | None
+    final_val_sampled_accuracy: float | None = None  # the sampled validation's (eval_sampled_samples), if logged
 
 
 @dataclass
@@ -252,9 +253,11 @@ class Summary:
 
 
 def summarize_run(run: Run, group: str) -> RunSummary:
-    """Final = val/accuracy at the last validation step; best = its maximum over the run."""
+    """Final = val/accuracy at the last validation step; best = its maximum over the run; the sampled
+    validation's accuracy (val_sampled/accuracy) at its last step."""
     acc = run.series("val/accuracy")
     fmt = run.series("val/format_rate")
+    sampled = run.series("val_sampled/accuracy")
     steps = [int(r["step"]) for r in run.metrics if "step" in r]
     last = max(acc) if acc else None
     best_step = max(acc, key=lambda s: (acc[s], -s)) if acc else None
@@ -264,6 +267,7 @@ def summarize_run(run: Run, group: str) -> RunSummary:
         final_val_step=last, final_val_accuracy=acc.get(last) if acc else None,
         best_val_accuracy=acc[best_step] if acc else None, best_val_step=best_step,
         final_val_format_rate=fmt.get(last) if acc else None,
+        final_val_sampled_accuracy=sampled[max(sampled)] if sampled else None,
     )
 
 
