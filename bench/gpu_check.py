@@ -61,11 +61,14 @@ SIZE_LIMIT_MIB = 40  # the working tree and .gpu travel together, at most 64 MiB
 # What rlvr (and TRL, for part c) import that the GPU machine lacks, with their own dependencies.
 # typing-extensions is there (torch needs it) but pydantic 2.14 needs >= 4.16, newer than torch asks for, and a
 # newer typing-extensions shadowing an older one breaks nothing. pytest-timeout: pyproject's `timeout` setting.
-MISSING_THERE = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions",
+# transformers and peft are there too, in other versions (transformers 5.17): rlvr's engine builds on
+# transformers' cache classes, so the check carries the versions the CPU tests ran with (pure-python wheels).
+MISSING_THERE = ("transformers", "peft", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
+                 "typing-extensions",
                  "math-verify", "latex2sympy2-extended", "antlr4-python3-runtime", "pebble", "gguf",
                  "trl", "datasets", "dill", "multiprocess", "pytest-timeout")
 # Installed there (as the machine is described), with the dependencies they come with.
-PRESENT_THERE = {"torch", "transformers", "accelerate", "peft", "safetensors", "numpy", "pytest", "pyyaml", "typer",
+PRESENT_THERE = {"torch", "accelerate", "safetensors", "tokenizers", "typer-slim", "shellingham", "numpy", "pytest", "pyyaml", "typer",
                  "rich", "tqdm", "tensorboard", "matplotlib", "pyarrow", "pandas", "xxhash", "fsspec",
                  "huggingface-hub", "requests", "sympy", "mpmath", "networkx", "jinja2", "filelock", "packaging",
                  "psutil", "tokenizers", "regex"}

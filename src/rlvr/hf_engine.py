@@ -255,6 +255,8 @@ class HFEngine:
         self.model = model
         policy_dtype = next(model.parameters()).dtype
         target = torch.device(device) if device is not None else input_device(model)
+        if target.type == "cuda" and target.index is None:  # "cuda" means the current device, as parameters say
+            target = torch.device("cuda", torch.cuda.current_device())
         on_target = {p.device for p in model.parameters()} == {target}
         if (dtype is not None and getattr(torch, dtype) != policy_dtype) or not on_target:
             self.model = _empty_copy(model, getattr(torch, dtype) if dtype else policy_dtype, target)
