@@ -20,33 +20,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from post_training_comparison import RLVR, sh  # noqa: E402  (the sibling example: one rlvr command, logged, timed)
 from rlvr.runs import spread  # noqa: E402
 
-RLVR = [sys.executable, "-m", "rlvr.cli"]
 SFT = Path("runs/sft_gsm8k/final")
 RECIPE = "configs/grpo_gsm8k_dynamic.yaml"
 EVAL = ["dataset=gsm8k", "prompt=r1_zero", "split=test", "max_new_tokens=256", "dtype=bfloat16",
         "examples_per_category=0"]
 MODES = {"greedy": ["samples=1", "temperature=0"], "sampled": ["samples=1", "temperature=0.8"]}
-
-
-def sh(args: list[str], log: Path) -> float:
-    """Run one rlvr command to completion (output appended to `log`); returns its wall time in seconds."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    with log.open("a") as f:
-        f.write(f"\n$ {' '.join(args)}\n")
-        f.flush()
-        done = subprocess.run(args, stdout=f, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        raise SystemExit(f"failed ({done.returncode}): {' '.join(args)}; see {log}")
-    return time.perf_counter() - start
 
 
 def run_dir(seed: int, steps: int) -> Path:

@@ -100,11 +100,6 @@ def input_device(model):
     return weight.device if weight is not None else next(model.parameters()).device
 
 
-def autocast_device(model) -> str:
-    """'cuda' or 'cpu': the device type torch.autocast needs for `model`."""
-    return input_device(model).type
-
-
 @dataclasses.dataclass(frozen=True)
 class Placement:
     """Each role's torch device; `policy` is one or more (split by layers)."""
@@ -133,12 +128,14 @@ def resolve_placement(device: str = "auto", placement=None) -> Placement:
     base = resolve(device, "device")
     get = (lambda role: getattr(placement, role, None)) if placement is not None else (lambda role: None)
     roles = {role: resolve(get(role), f"placement.{role}") if get(role) else base for role in ROLES}
-    if roles["teacher"] == base and get("teacher") is None and get("reference"):
-        roles["teacher"] = roles["reference"]  # a frozen scorer, like the reference: on its device by default
+    if get("teacher") is None:  # a frozen scorer, like the reference: on its device by default
+        roles["teacher"] = roles["reference"]
     names = list(get("policy") or [])
     if names == ["auto"]:
         taken = {roles[role] for role in ("rollout", "reference", "eval") if get(role)}
-        free = [d for d in (resolve(f"cuda:{i}", "placement.policy") for i in range(cuda_count())) if d not in taken]
+        import torch
+
+        free = [d for d in (torch.device("cuda", i) for i in range(cuda_count())) if d not in taken]
         policy = tuple(free) or (roles["rollout"],)
     else:
         if "auto" in names:

@@ -96,9 +96,10 @@ def validate(engine: RolloutEngine, policy, examples: list[Example], prompt: Pro
     if cfg.eval_sampled_samples:
         runs.append((f"{prefix}_sampled", sampling_params(cfg, stop=prompt.stop, seed=cfg.seed, validation=True,
                                                           sampled=True)))
-    metrics, records = {}, None
+    metrics, results = {}, []
     for name, sampling in runs:
         result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer)
+        results.append(result)
         s = result.summary
         metrics.update({
             f"{name}/accuracy": s["accuracy"],
@@ -108,8 +109,7 @@ def validate(engine: RolloutEngine, policy, examples: list[Example], prompt: Pro
             f"{name}/seconds": s["seconds"],
             **{f"{name}/pass@{k}": v for k, v in s.get("pass_at_k", {}).items()},
         })
-        records = records if records is not None else result.records
-    return metrics, records
+    return metrics, results[0].records
 
 
 def start_run(cfg: TrainingFields) -> Path:
