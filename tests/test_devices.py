@@ -129,3 +129,20 @@ def test_every_role_placed_on_cpu_gives_todays_numbers(tmp_path, model_dir):
     train_grpo(train_cfg(model_dir, tmp_path / "placed", **common, **placed))
     assert _metrics(tmp_path / "placed") == _metrics(tmp_path / "default")
     assert len(_metrics(tmp_path / "default")) == 3  # step 0 validation, 2 steps
+
+
+def test_random_model_has_the_shipped_default_config_and_is_seeded():
+    """What the GPU check measures: SmolLM2-135M-Instruct's shape, random weights, no download."""
+    from rlvr.models import default_config_dir, random_model
+
+    assert (default_config_dir() / "config.json").is_file()
+    model = random_model(seed=1)
+    cfg = model.config
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, cfg.num_key_value_heads) == (30, 576, 49152, 3)
+    assert sum(p.numel() for p in model.parameters()) == 134_515_008  # tied head counted once
+    assert model.generation_config.eos_token_id == 2
+    again, other = random_model(seed=1), random_model(seed=2)
+    weight = model.model.layers[0].mlp.down_proj.weight
+    assert torch.equal(weight, again.model.layers[0].mlp.down_proj.weight)
+    assert not torch.equal(weight, other.model.layers[0].mlp.down_proj.weight)
+    assert random_model(dtype="bfloat16").dtype == torch.bfloat16
