@@ -8,7 +8,10 @@ profiled CPU op is put in one bucket, by the module it ran in (forward pre/post 
 name as a profiler range, so the matmuls of q/k/v/o, the MLP and the lm_head are told apart) and by its own name (attention kernel, KV-cache writes, softmax/sampling, norms, ...). "python and
 dispatch" is the step's wall time minus the profiled ops' self time: the interpreter, transformers' Python,
 and the launch cost of every small op. The floor is 2 FLOPs per parameter per row over the measured bf16 or
-fp32 matmul rate of this CPU at this shape (timed here, in the same run).
+fp32 matmul rate of this CPU at this shape (timed here, in the same run) -- the issue's floor; that rate is
+timed on one weight small enough to stay in cache, so it ignores memory traffic. The roofline below it does
+not: the step's own matmuls timed alone with all the model's weights streamed from memory, plus every row's KV
+cache read once at the measured copy bandwidth.
 
 --path hf (default) profiles the transformers forward the engine used before rlvr.decode_llama; --path fast
 profiles rlvr's own decode step (its matmuls are not in modules, so they land in "other matmuls"). Each row
@@ -67,6 +70,41 @@ def matmul_rate(dtype, rows: int, hidden: int, inter: int, threads: int) -> floa
         a @ b
         n += 1
     return 2 * rows * hidden * inter * n / (time.perf_counter() - start) / 1e9
+
+
+def streamed_matmuls_ms(net, rows: int, repeats: int = 5) -> float:
+    """One decode step's matmuls alone -- every layer's fused QKV, o_proj, fused gate/up and down_proj, then the
+    lm_head, with the model's own weights at `rows` rows -- median ms. Unlike `matmul_rate`'s one hot shape,
+    whose 1.7 MB weight stays in cache, this streams all the weights from memory as a real step does."""
+    import torch
+    import torch.nn.functional as F
+
+    from rlvr.decode_llama import LlamaDecoder
+
+    weights = [w for layer in LlamaDecoder(net).layers for w in (layer[1], layer[2], layer[4], layer[5])]
+    weights.append(net.lm_head.weight)
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights}
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            for w in weights:
+                F.linear(inputs[w.shape[1]], w)
+            times.append(time.perf_counter() - start)
+    return 1000 * sorted(times[1:])[repeats // 2]
+
+
+def copy_bandwidth_gbs(megabytes: int = 512) -> float:
+    """Memory bandwidth (GB/s, bytes read + written) of one tensor copy far larger than the caches."""
+    import torch
+
+    src = torch.empty(megabytes * 2**20, dtype=torch.uint8).fill_(1)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    start = time.perf_counter()
+    for _ in range(5):
+        dst.copy_(src)
+    return 2 * 5 * src.numel() / (time.perf_counter() - start) / 1e9
 
 
 def profile_case(model_path: str, batch: int, dtype_name: str, steps: int, threads: int, path: str = "hf") -> dict:
@@ -150,8 +188,15 @@ def profile_case(model_path: str, batch: int, dtype_name: str, steps: int, threa
     cfg = net.config
     rate = matmul_rate(getattr(torch, dtype_name), batch, cfg.hidden_size, cfg.intermediate_size, threads)
     floor_ms = 2 * params * batch / (rate * 1e9) * 1000
+    # the roofline: the step's matmuls alone (weights streamed), plus reading every row's KV cache once at the
+    # copy bandwidth (each row attends to its prompt plus the tokens so far: about width + steps / 2 columns)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_bytes = (2 * batch * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * (width + 3 + steps / 2)
+                * torch.finfo(getattr(torch, dtype_name)).bits / 8)
+    matmuls_ms, bandwidth = streamed_matmuls_ms(net, batch), copy_bandwidth_gbs()
     return {"batch": batch, "dtype": dtype_name, "wall_ms": wall_ms, "plain_ms": plain_ms, "buckets": per_step,
-            "floor_ms": floor_ms, "rate_gflops": rate}
+            "floor_ms": floor_ms, "rate_gflops": rate, "matmuls_ms": matmuls_ms, "kv_gb": kv_bytes / 1e9,
+            "bandwidth_gbs": bandwidth, "roofline_ms": matmuls_ms + kv_bytes / 1e9 / bandwidth * 1000}
 
 
 def _bucket(prof, ops: collections.Counter) -> None:
@@ -187,6 +232,9 @@ def main() -> None:
             print(f"\n--- {args.path} path, batch {batch}, {dtype}: {r['plain_ms']:.1f} ms per decode step ({r['wall_ms']:.1f} under the "
                   f"profiler), floor {r['floor_ms']:.1f} ms at {r['rate_gflops']:.0f} GFLOP/s -> "
                   f"{r['plain_ms'] / r['floor_ms']:.1f}x the floor")
+            print(f"    roofline {r['roofline_ms']:.1f} ms = the step's matmuls alone, weights streamed "
+                  f"{r['matmuls_ms']:.1f} ms + KV reads {r['kv_gb']:.2f} GB at {r['bandwidth_gbs']:.1f} GB/s -> "
+                  f"{r['plain_ms'] / r['roofline_ms']:.2f}x the roofline")
             profiled = sum(r["buckets"].values())
             rows = sorted(r["buckets"].items(), key=lambda kv: -kv[1])
             rows.append(("python and dispatch (profiled wall - ops)", r["wall_ms"] - profiled))
