@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from rlvr.cli import app
 from rlvr.config import ConfigError, TrainConfig
-from rlvr.plots import FIGURES, build_figures, lr_figure
+from rlvr.plots import FIGURES, MINUTES_FIGURE, build_figures, lr_figure, minutes_figure
 from rlvr.report import fmt_spread, sample_rollouts
 from rlvr.runs import (
     differing_fields, group_runs, label_fields, load_groups, load_runs, metric_series, per_step_spread, spread,
@@ -229,6 +229,34 @@ def test_figure_draws_group_means_and_bands(sweep_root):
     assert list(dr_mean.get_ydata()) == pytest.approx([0.1, (0.2 + 0.3 + 0.3) / 3, 0.3])
     assert dr_mean.get_label() == "algorithm=dr_grpo (n=3)"
     assert len(fig.axes) == 2 and fig.axes[1].get_ylabel() == "format reward"
+
+
+def test_accuracy_per_training_minute_averages_each_step_over_its_runs(tmp_path):
+    # two RL seeds at 30 s and 60 s a step, one SFT run logging time/step_seconds of 90 s; validation at 0, 2, 4
+    for name, seed, key, seconds, val in (("grpo", 0, "time/step", 30.0, (0.1, 0.3, 0.5)),
+                                          ("grpo", 1, "time/step", 60.0, (0.2, 0.4, 0.6)),
+                                          ("sft", 0, "time/step_seconds", 90.0, (0.0, 0.5, 0.9))):
+        run = write_run(tmp_path / f"algorithm={name},seed={seed}", "grpo" if name == "grpo" else "dr_grpo", seed, val)
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for row in rows:
+            if row["step"] > 0:
+                row[key] = seconds
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    groups = load_groups([tmp_path])
+    grpo_runs = next(g for g in groups if g.label == "algorithm=grpo").runs
+    assert sorted(r.minutes()[4] for r in grpo_runs) == [2.0, 4.0]
+    assert max(grpo_runs, key=lambda r: r.minutes()[4]).minutes() == {0: 0.0, 1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0}
+    ax = minutes_figure(groups, "minmax").axes[0]
+    means = {line.get_label(): line for line in ax.lines if not line.get_label().startswith("_")}
+    grpo = means["algorithm=grpo (n=2)"]
+    assert list(grpo.get_xdata()) == pytest.approx([0.0, (1.0 + 2.0) / 2, (2.0 + 4.0) / 2])
+    assert list(grpo.get_ydata()) == pytest.approx([0.15, 0.35, 0.55])
+    assert list(means["algorithm=dr_grpo (n=1)"].get_xdata()) == pytest.approx([0.0, 3.0, 6.0])
+    assert MINUTES_FIGURE in build_figures(groups)
+
+
+def test_no_minutes_figure_without_step_times(sweep_root):
+    assert minutes_figure(load_groups([sweep_root])) is None
 
 
 def test_final_accuracy_against_learning_rate(tmp_path):

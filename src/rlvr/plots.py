@@ -1,7 +1,7 @@
 """Figures drawn from run directories' metrics.jsonl (so any run can be re-plotted later): one figure per
 metric, runs grouped by configuration, each group a mean line with a shaded band (95% t-interval
-mean ± t·s/√n with t = t(0.975, n-1), or min/max) and its single runs drawn faint; and the final validation accuracy against
-the learning rate when it varies. Matplotlib's object API with the Agg canvas: no pyplot, no global state.
+mean ± t·s/√n with t = t(0.975, n-1), or min/max) and its single runs drawn faint; the final validation accuracy against
+the learning rate when it varies; and validation accuracy against training minutes when steps logged their time. Matplotlib's object API with the Agg canvas: no pyplot, no global state.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ FIGURES = (
     MetricFigure("kl", "KL to the reference model", (("train/kl", "KL"),)),
 )
 LR_FIGURE = "final_val_accuracy_vs_lr"
+MINUTES_FIGURE = "val_accuracy_vs_minutes"
 BAND_NAMES = {"ci": "mean ± 95% t-interval (t·s/√n, n = runs)", "minmax": "mean, min–max"}
 
 
@@ -128,10 +129,48 @@ def lr_figure(groups: Sequence[Group], band: Band = "ci") -> Figure | None:
     return fig
 
 
+def minutes_figure(groups: Sequence[Group], band: Band = "ci") -> Figure | None:
+    """Validation accuracy against training minutes (what a fixed compute budget buys): each run faint at its
+    own minutes, each group's mean at the mean minutes of that step across its runs, the band over the same
+    runs; None unless some run logged both step times and validation."""
+    fig = Figure(figsize=(6.4, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    drawn = False
+    for g, color in zip(groups, _colors(len(groups))):
+        curves = []
+        for run in g.runs:
+            acc, minutes = run.series("val/accuracy"), run.minutes()
+            curve = {s: (minutes[s], acc[s]) for s in acc if s in minutes}
+            if curve:
+                curves.append(curve)
+                ax.plot(*zip(*(curve[s] for s in sorted(curve))), color=color, alpha=0.25, linewidth=0.8)
+        if not curves:
+            continue
+        drawn = True
+        steps = sorted(set().union(*curves))
+        xs = [sum(c[s][0] for c in curves if s in c) / sum(s in c for c in curves) for s in steps]
+        stats = [spread([c[s][1] for c in curves if s in c]) for s in steps]
+        ax.plot(xs, [st.mean for st in stats], color=color, linewidth=2, marker="o", markersize=3,
+                label=f"{g.label} (n={len(curves)})")
+        lo, hi = zip(*(st.band(band) for st in stats))
+        ax.fill_between(xs, lo, hi, color=color, alpha=0.2, linewidth=0)
+    if not drawn:
+        return None
+    ax.set_xlabel("training minutes (validation not counted)")
+    ax.set_ylabel("validation accuracy (reward)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.suptitle(f"Validation accuracy per training minute\n{BAND_NAMES[band]}", fontsize=10)
+    return fig
+
+
 def build_figures(groups: Sequence[Group], band: Band = "ci") -> dict[str, Figure]:
-    """name -> figure for every metric some run has, plus the learning-rate figure when it applies."""
+    """name -> figure for every metric some run has, plus the learning-rate and per-minute figures when
+    they apply."""
     figures = {spec.name: metric_figure(groups, spec, band) for spec in FIGURES}
     figures[LR_FIGURE] = lr_figure(groups, band)
+    figures[MINUTES_FIGURE] = minutes_figure(groups, band)
     return {name: fig for name, fig in figures.items() if fig is not None}
 
 

@@ -121,6 +121,18 @@ class Run:
     def series(self, key: str) -> dict[int, float]:
         return metric_series(self.metrics, key)
 
+    def minutes(self) -> dict[int, float]:
+        """step -> training minutes up to and including it (step 0: 0), from each step's logged time (RL:
+        time/step, SFT and DPO: time/step_seconds; validation is not counted); empty when no step logged one."""
+        seconds = self.series("time/step") or self.series("time/step_seconds")
+        if not seconds:
+            return {}
+        out, total = {0: 0.0}, 0.0
+        for step in sorted(set(seconds) | set(self.series("val/accuracy"))):
+            total += seconds.get(step, 0.0)
+            out[step] = total / 60
+        return out
+
 
 @dataclass
 class Group:
