@@ -107,6 +107,61 @@ def test_the_expected_gradient_is_the_reverse_kls(discount, objective):
     assert max(float((e - o).abs().max()) for e, o in zip(estimated, other)) > 1e-4
 
 
+def test_the_full_vocabulary_kl_has_the_per_token_reverse_kls_gradient():
+    # distill_kl=reverse: every response weighted by pi(y) (detached: the visited states are given), the exact KL at
+    # each of its states summed -- its gradient is the per-token reverse KL's, which the sampled estimator with
+    # discount 0 only matches in expectation
+    student, teacher = _tiny(0), _tiny(1)
+    input_ids, labels, mask = _enumerated()
+    with torch.no_grad():
+        weights = _log_probs(student, input_ids, labels, mask).masked_fill(~mask, 0).sum(-1).exp()
+    student.zero_grad()
+    kl = get_response_log_probs(student, input_ids, labels, positions=mask, teacher=teacher)["teacher_kl"].double()
+    (weights[:, None] * kl).sum().backward()
+    full = [p.grad.clone() for p in student.parameters()]
+    exact = _exact_gradient(student, teacher, _per_token_kl)
+    for f, x in zip(full, exact):
+        torch.testing.assert_close(f, x, rtol=1e-4, atol=1e-6)
+    sampled = _estimator_gradient(student, teacher, 0.0)
+    for f, e in zip(full, sampled):
+        torch.testing.assert_close(f, e, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("direction", ["reverse", "forward"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_full_vocabulary_kl_by_its_definition(temperature, direction):
+    student, teacher = _tiny(0), _tiny(1)
+    input_ids, labels, mask = _enumerated()
+    kl = get_response_log_probs(student, input_ids, labels, positions=mask, teacher=teacher,
+                                temperature=temperature, kl_direction=direction)["teacher_kl"]
+    with torch.no_grad():
+        p = torch.log_softmax(student(input_ids).logits.double() / temperature, -1)
+        q = torch.log_softmax(teacher(input_ids).logits.double(), -1)  # the teacher at its own temperature
+    expected = (p.exp() * (p - q)).sum(-1) if direction == "reverse" else (q.exp() * (q - p)).sum(-1)
+    torch.testing.assert_close(kl.double(), expected * mask, rtol=1e-5, atol=1e-6)
+    kl = kl.detach()
+    assert float(kl[mask].min()) > 0 and float(kl[~mask].abs().max()) == 0
+
+
+def test_the_forward_kls_gradient_on_the_logits_is_p_minus_q():
+    # the closed form: d KL(q || softmax(z)) / dz = softmax(z) - q -- it raises a token the teacher wants however
+    # little mass the student gives it, where the reverse KL's gradient p (log p - log q - KL) is scaled by p
+    from rlvr.policy import _scores
+
+    z = torch.tensor([[4.0, 0.0, -6.0]], dtype=torch.float64, requires_grad=True)
+    q = torch.log(torch.tensor([[0.2, 0.1, 0.7]], dtype=torch.float64))
+    _, _, kl = _scores(z, torch.tensor([0]), False, teacher_log_probs=q, kl_direction="forward")
+    kl.sum().backward()
+    torch.testing.assert_close(z.grad, torch.softmax(z.detach(), -1) - q.exp(), rtol=1e-5, atol=1e-6)
+    assert float(z.grad[0, 2]) == pytest.approx(-0.7, abs=1e-4)  # the teacher's favourite token, pushed up hard
+    z.grad = None
+    _, _, kl = _scores(z, torch.tensor([0]), False, teacher_log_probs=q, kl_direction="reverse")
+    kl.sum().backward()
+    p = torch.softmax(z.detach(), -1)
+    torch.testing.assert_close(z.grad, p * (p.log() - q - (p * (p.log() - q)).sum()), rtol=1e-5, atol=1e-6)
+    assert float(z.grad[0, 2]) > -1e-3  # the reverse KL barely moves the teacher's favourite token (p = 2e-5)
+
+
 def test_distill_advantages_by_hand():
     student = torch.log(torch.tensor([[0.5, 0.25, 0.5, 1.0]]))
     teacher = torch.log(torch.tensor([[0.25, 0.5, 0.5, 1.0]]))
@@ -163,6 +218,37 @@ def test_opd_with_the_student_as_its_own_teacher_has_nothing_to_learn(tmp_path, 
     (row,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert abs(row["train/teacher_reverse_kl"]) < 1e-5
     assert row["train/pruned_fraction"] == 1.0  # every advantage is exactly 0
+
+
+@pytest.mark.parametrize("direction", ["reverse", "forward"])
+def test_opd_with_the_full_vocabulary_kl_trains_every_token_on_it(direction, tmp_path, model_dir, teacher_dir,
+                                                                  monkeypatch):
+    seen = []
+    update = train_module.policy_gradient_update
+
+    def spy(model, optimizer, batch, spec, *args, **kwargs):
+        seen.append((batch.advantages.clone(), kwargs.get("teacher")))
+        return update(model, optimizer, batch, spec, *args, **kwargs)
+
+    monkeypatch.setattr(train_module, "policy_gradient_update", spy)
+    train_module.train_grpo(_opd_cfg(model_dir, teacher_dir, tmp_path / "run", distill_kl=direction))
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    advantages, teacher = seen[0]
+    assert teacher is not None and float(advantages.abs().max()) == 0  # the KL is the loss, not an advantage
+    assert all(r["train/teacher_kl_exact"] > 1e-3 and r["train/trained_tokens"] > 0 and r["train/grad_norm"] > 0
+               and r["train/pruned_fraction"] == 0 for r in rows)
+    # its own teacher: the KL is exactly 0 everywhere, so is the gradient
+    train_module.train_grpo(_opd_cfg(model_dir, model_dir, tmp_path / "self", steps=1, distill_kl=direction))
+    (row,) = read_jsonl(tmp_path / "self" / "metrics.jsonl")
+    assert abs(row["train/teacher_kl_exact"]) < 1e-6 and row["train/grad_norm"] < 1e-6
+
+
+def test_full_vocabulary_kl_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="distill_kl='reverse'.*distill_discount=1"):
+        load_config(TrainConfig, overrides={"algorithm": "opd", "teacher": "t", "distill_kl": "reverse",
+                                            "distill_discount": 1.0})
+    with pytest.raises(ConfigError, match="distill_kl='kl' is not one of 'sampled', 'reverse', 'forward'"):
+        load_config(TrainConfig, overrides={"algorithm": "opd", "teacher": "t", "distill_kl": "kl"})
 
 
 def test_opd_needs_a_teacher_and_one_with_the_same_tokenizer(tmp_path, model_dir):

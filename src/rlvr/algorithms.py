@@ -30,11 +30,13 @@ import torch
 from rlvr.estimators import (
     ADVANTAGE_NORMALIZERS,
     BASELINES,
+    DISTILL_KLS,
     KL_ESTIMATORS,
     LOSS_NORMALIZATIONS,
     REWARD_SIGNALS,
     AdvantageNormalizer,
     Baseline,
+    DistillKL,
     KLEstimator,
     LossNormalization,
     RewardSignal,
@@ -102,6 +104,13 @@ class EstimatorSpec:
     # (`estimators.distill_advantages`; needs `teacher=`), and its discount over later tokens
     distill: float = 0.0
     distill_discount: float = 0.0
+    # how the teacher signal enters: "sampled", the log-ratio of the sampled token as a per-token advantage
+    # (the policy-gradient estimator above); "reverse", the exact per-token KL(student || teacher) over the whole
+    # vocabulary at each visited state, differentiated directly -- its gradient is the sampled one's expectation
+    # over the token drawn there (distill_discount 0), without that sampling noise; "forward", KL(teacher ||
+    # student) at the same states, whose gradient on the logits, p_student - p_teacher, raises a token the
+    # teacher wants even where the student gives it almost no mass (GKD's on-policy divergences, beta 1 and 0)
+    distill_kl: DistillKL = "sampled"
     summary: str = ""
 
     def validate(self) -> "EstimatorSpec":
@@ -138,6 +147,10 @@ class EstimatorSpec:
         if spec.distill < 0 or not 0 <= spec.distill_discount <= 1:
             raise ValueError(f"distill must be >= 0 and distill_discount in [0, 1]; got {spec.distill}, "
                              f"{spec.distill_discount}")
+        check_choice("distill_kl", spec.distill_kl, DISTILL_KLS)
+        if spec.distill_kl != "sampled" and spec.distill_discount != 0:
+            raise ValueError(f"distill_kl={spec.distill_kl!r} is a KL at each visited state (distill_discount 0); got "
+                             f"distill_discount={spec.distill_discount}: use distill_kl='sampled' for a discount")
         if spec.distill > 0 and method == "gspo":
             raise ValueError("distill > 0 gives per-token advantages; gspo weights whole sequences and cannot take them")
         return spec
@@ -241,6 +254,7 @@ PRESETS: dict[str, EstimatorSpec] = {
 }
 for _name, _preset in PRESETS.items():
     _preset.validate()
+BUILTIN_PRESETS = tuple(PRESETS)  # the table above; register_estimator adds users' rows after these
 
 
 def register_estimator(name: str, spec: EstimatorSpec) -> EstimatorSpec:

@@ -416,6 +416,9 @@ class TrainConfig(TrainingFields):
     distill: float | None = Field(None, ge=0, description="weight of the per-token teacher signal log p_teacher - "
                                   "log p_student (algorithm=opd: 1 with no reward advantage)")
     distill_discount: float | None = Field(None, ge=0, le=1, description="0: per-token reverse KL; 1: sequence-level")
+    distill_kl: str | None = Field(None, description="sampled: the sampled token's log-ratio as its advantage; reverse "
+                                   "/ forward: the exact KL(student||teacher) / KL(teacher||student) over the "
+                                   "vocabulary at each visited state")
     teacher: str | None = Field(None, description="teacher model for on-policy distillation (same tokenizer)")
     # rewards: {name: weight}; names are reward functions (r1_zero, question_only, answer_tag, code_tests) or
     # "format" (the prompt's reward function's format reward)

@@ -29,6 +29,7 @@ ImportanceMethod = Literal["none", "noclip", "clip", "gspo", "cispo"]
 LossNormalization = Literal["sequence", "sum", "constant", "token"]
 KLEstimator = Literal["k1", "k2", "k3"]
 RewardSignal = Literal["reward", "correctness"]
+DistillKL = Literal["sampled", "reverse", "forward"]
 
 BASELINES = get_args(Baseline)
 ADVANTAGE_NORMALIZERS = get_args(AdvantageNormalizer)
@@ -36,6 +37,7 @@ IMPORTANCE_METHODS = get_args(ImportanceMethod)
 LOSS_NORMALIZATIONS = get_args(LossNormalization)
 KL_ESTIMATORS = get_args(KLEstimator)
 REWARD_SIGNALS = get_args(RewardSignal)
+DISTILL_KLS = get_args(DistillKL)
 # Old names kept for one release: "grpo" is the PPO clip, which is what the name now says.
 DEPRECATED_IMPORTANCE_METHODS = {"grpo": "clip"}
 

@@ -85,23 +85,57 @@ def _head_parts(model):
     return decoder, head
 
 
-def _scores(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool, temperature: float = 1.0):
-    """Gathered log-prob of each label and (detached) entropy, from a chunk of logits / temperature, in float32."""
+def _scores(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool, temperature: float = 1.0,
+            teacher_log_probs: torch.Tensor | None = None, kl_direction: str = "reverse"):
+    """From a chunk of logits / temperature, in float32: the gathered log-prob of each label, the (detached)
+    entropy when asked, and with `teacher_log_probs` (the teacher's log-softmax at these positions) the exact
+    KL over the vocabulary, differentiable: reverse KL(p || teacher) or forward KL(teacher || p).
+    (log-prob, entropy or None, KL or None)"""
     logits, labels = logits.float(), labels.to(logits.device)
     if temperature != 1.0:
         logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)
     log_probs = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
+    kl = None
+    if teacher_log_probs is not None:
+        log_p, log_q = logits - lse.unsqueeze(-1), teacher_log_probs.to(logits.device)
+        kl = ((log_p.exp() * (log_p - log_q)) if kl_direction == "reverse" else (log_q.exp() * (log_q - log_p))).sum(-1)
     if not with_entropy:
-        return log_probs, None
+        return log_probs, None, kl
     with torch.no_grad():
         p = torch.softmax(logits, dim=-1)
         entropy = lse - (p * logits.masked_fill(p == 0, 0.0)).sum(-1)
-    return log_probs, entropy
+    return log_probs, entropy, kl
 
 
-def _head_scores(head, hidden, labels, with_entropy, temperature=1.0):
-    return _scores(head(hidden), labels, with_entropy, temperature)
+def _head_scores(head, hidden, labels, with_entropy, temperature=1.0, teacher_log_probs=None, kl_direction="reverse"):
+    return _scores(head(hidden), labels, with_entropy, temperature, teacher_log_probs, kl_direction)
+
+
+class _TeacherScores:
+    """The teacher's log-softmax at temperature 1, chunk by chunk, at the positions the student scores
+    (columns offset.. of every row, then `select`): its decoder runs once, without gradient, on its own device;
+    each chunk's vocabulary projection when asked for (a model without a plain head: its logits, kept)."""
+
+    def __init__(self, teacher, input_ids: torch.Tensor, select: torch.Tensor | None, offset: int):
+        self.device = input_device(teacher)
+        parts = _head_parts(teacher)
+        with torch.no_grad():
+            ids = input_ids.to(self.device)
+            if parts is not None:
+                self.head = parts[1]
+                states = _decoder_hidden(teacher, parts[0], ids, offset)
+            else:
+                self.head = None
+                states = teacher(input_ids=ids).logits[:, offset:]
+            states = states.reshape(-1, states.shape[-1])
+            self.states = states[select.to(self.device)] if select is not None else states
+
+    def log_probs(self, start: int, stop: int, device) -> torch.Tensor:
+        with torch.no_grad():
+            chunk = self.states[start:stop]
+            logits = self.head(chunk) if self.head is not None else chunk
+            return torch.log_softmax(logits.float(), dim=-1).to(device)
 
 
 def _checkpointing(model) -> bool:
@@ -145,6 +179,8 @@ def get_response_log_probs(
     share_prefix: bool = False,
     chunk_elements: int = CHUNK_ELEMENTS,
     temperature: float = 1.0,
+    teacher=None,
+    kl_direction: str = "reverse",
 ) -> dict[str, torch.Tensor]:
     """Per-token log p(label | prefix), (batch, length), and optionally the per-token entropy.
 
@@ -155,6 +191,11 @@ def get_response_log_probs(
     skips the vocabulary projection of prompt tokens. `share_prefix`: run the rows' common prefix once
     (needs `positions`; not with gradient checkpointing, which disables the KV cache). The entropy is for
     logging and carries no gradient.
+
+    `teacher` (a frozen model with the same vocabulary): also "teacher_kl", the exact KL between the model's
+    p(. | prefix) at temperature T and the teacher's at 1, over the whole vocabulary at every scored position,
+    differentiable in the model's parameters: `kl_direction` "reverse" KL(model || teacher) or "forward"
+    KL(teacher || model) -- on-policy distillation with distill_kl=reverse / forward.
     """
     if input_ids.shape != labels.shape:
         raise ValueError(f"input_ids has shape {tuple(input_ids.shape)} but labels has {tuple(labels.shape)}")
@@ -185,20 +226,26 @@ def get_response_log_probs(
     if select is not None:
         hidden, flat_labels = hidden[select], flat_labels[select]
 
-    rows = max(1, chunk_elements // vocab)
-    lp_chunks, ent_chunks = [], []
+    teacher_scores = _TeacherScores(teacher, input_ids, select, offset) if teacher is not None else None
+    # the teacher's log-softmax is (positions, V) float32: with a teacher, half the chunk for each side
+    rows = max(1, chunk_elements // vocab // (2 if teacher is not None else 1))
+    lp_chunks, ent_chunks, kl_chunks = [], [], []
     for start in range(0, hidden.shape[0], rows):
         h, y = hidden[start : start + rows], flat_labels[start : start + rows]
+        t_lp = teacher_scores.log_probs(start, start + h.shape[0], h.device) if teacher is not None else None
         if parts is not None and torch.is_grad_enabled() and h.requires_grad:
             # recompute this chunk's logits in backward instead of keeping them alive
-            lp, ent = checkpoint(_head_scores, head, h, y, return_token_entropy, temperature, use_reentrant=False)
+            lp, ent, kl = checkpoint(_head_scores, head, h, y, return_token_entropy, temperature, t_lp,
+                                     kl_direction, use_reentrant=False)
         elif parts is not None:
-            lp, ent = _head_scores(head, h, y, return_token_entropy, temperature)
+            lp, ent, kl = _head_scores(head, h, y, return_token_entropy, temperature, t_lp, kl_direction)
         else:
-            lp, ent = _scores(h, y, return_token_entropy, temperature)
+            lp, ent, kl = _scores(h, y, return_token_entropy, temperature, t_lp, kl_direction)
         lp_chunks.append(lp)
         if ent is not None:
             ent_chunks.append(ent)
+        if kl is not None:
+            kl_chunks.append(kl)
 
     def unflatten(chunks):
         values = torch.cat(chunks) if chunks else hidden.new_zeros(0, dtype=torch.float32)
@@ -212,6 +259,8 @@ def get_response_log_probs(
     out = {"log_probs": unflatten(lp_chunks)}
     if return_token_entropy:
         out["token_entropy"] = unflatten(ent_chunks).detach()
+    if teacher is not None:
+        out["teacher_kl"] = unflatten(kl_chunks)
     return out
 
 

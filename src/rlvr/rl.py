@@ -226,9 +226,11 @@ def score_rollouts(rollouts: Rollouts, reward_fn, spec: EstimatorSpec, cfg: Trai
 
 
 def train_on_rollouts(model, optimizer, scheduler, reference, batch: TrainBatch, spec: EstimatorSpec,
-                      cfg: TrainConfig, step: int, times: dict, parallel=None, tis_cap: float | None = None) -> list[dict]:
+                      cfg: TrainConfig, step: int, times: dict, parallel=None, tis_cap: float | None = None,
+                      teacher=None) -> list[dict]:
     """The k = steps_per_rollout optimizer steps on one rollout batch (k > 1 is off-policy). `parallel`: this
     process is one data-parallel learner of several (rlvr.parallel); it scores and trains its rows only.
+    `teacher`: on-policy distillation's, for distill_kl reverse / forward (its KL is part of every update's loss).
     A batch that arrives with `old_log_probs` carries its sampling-time log-probs (asynchronous RL: an older
     policy sampled it); they are the old policy of every train batch, and on-policy estimators get truncated
     importance sampling (`tis_cap`) instead of a clip."""
@@ -270,7 +272,8 @@ def train_on_rollouts(model, optimizer, scheduler, reference, batch: TrainBatch,
                     model, optimizer, part, spec, math.ceil(len(split) / cfg.microbatch_size), cfg.max_grad_norm,
                     on_policy_ratio=spec.needs_old_log_probs and part.old_log_probs is None, precision=cfg.precision,
                     share_prefix=cfg.share_prefix, temperature=cfg.temperature, parallel=parallel,
-                    tis_cap=tis_cap if behaviour and not spec.needs_old_log_probs else None)
+                    tis_cap=tis_cap if behaviour and not spec.needs_old_log_probs else None,
+                    teacher=teacher if spec.distill_kl != "sampled" else None)
                 updates.append({"loss": float(loss), **meta})
             except NonFiniteLoss as err:
                 log.error("step %d, train batch %d: %s", step, i, err)
@@ -330,8 +333,11 @@ def train_grpo(cfg: TrainConfig) -> dict:
         with _timed(times, "score"):
             scored = score_rollouts(rollouts, reward_fn, spec, cfg, tokenizer, graded)
         with _timed(times, "teacher"):
-            distilled = distill_from_teacher(scored.batch, model, teacher, spec, cfg) if teacher is not None else {}
-        updates = train_on_rollouts(model, optimizer, scheduler, reference, scored.batch, spec, cfg, step, times)
+            # (distill_kl reverse / forward: the update scores the teacher itself, logs train/teacher_kl_exact)
+            distilled = distill_from_teacher(scored.batch, model, teacher, spec, cfg) \
+                if teacher is not None and spec.distill_kl == "sampled" else {}
+        updates = train_on_rollouts(model, optimizer, scheduler, reference, scored.batch, spec, cfg, step, times,
+                                    teacher=teacher)
 
         metrics = {**_step_metrics(cfg, rollouts, scored, updates, times, scheduler.get_last_lr()[0]), **distilled,
                    **dynamic}
@@ -382,7 +388,8 @@ def distill_from_teacher(batch: TrainBatch, model, teacher, spec: EstimatorSpec,
     """On-policy distillation: the teacher scores every token the student sampled, and the batch's
     advantages become per token, A_t = A_reward + distill * sum_t' gamma^(t'-t) (log p_teacher - log p_student)
     (`estimators.distill_advantages`). The student is scored at the sampling temperature, as the policy
-    gradient scores it; the teacher at temperature 1, its own distribution. Returns the step's metrics."""
+    gradient scores it; the teacher at temperature 1, its own distribution. Returns the step's metrics.
+    (With distill_kl reverse / forward this is not called: the update adds the exact KL to the loss itself.)"""
     args = (batch.input_ids, batch.labels, batch.response_mask, cfg.microbatch_size, cfg.precision)
     student = score_log_probs(model, *args, share_prefix=cfg.share_prefix, temperature=cfg.temperature)
     teacher_lp = score_log_probs(teacher, *args, share_prefix=cfg.share_prefix, temperature=1.0)
@@ -485,7 +492,7 @@ def _step_metrics(cfg, rollouts: Rollouts, scored: Scored, updates, times, lr: f
     if ok:
         m["train/pruned_fraction"] = sum(u["pruned_fraction"] for u in ok) / len(ok)
     if trained:
-        for key in ("loss", "grad_norm", "clip_fraction", "kl", "ratio_mean"):
+        for key in ("loss", "grad_norm", "clip_fraction", "kl", "ratio_mean", "teacher_kl_exact"):
             values = [u[key] for u in trained if key in u]
             if values:
                 m[f"train/{key}"] = sum(values) / len(values)

@@ -126,12 +126,15 @@ class _UpdateStats:
         self.tokens = self.sequences = 0
         self.entropy = self.kl = self.ratio_sum = self.clip_sum = self.ratio_weight = 0.0
         self.ratio_min, self.ratio_max = math.inf, -math.inf
-        self.is_sum = self.is_capped = 0.0
+        self.is_sum = self.is_capped = self.teacher_kl = 0.0
         self.is_max = -math.inf
 
     def add(self, mask: torch.Tensor, entropy: torch.Tensor, meta: dict, kl: torch.Tensor | None,
-            is_weight: torch.Tensor | None = None, is_cap: float | None = None) -> None:
+            is_weight: torch.Tensor | None = None, is_cap: float | None = None,
+            teacher_kl: torch.Tensor | None = None) -> None:
         tokens = int(mask.sum())
+        if teacher_kl is not None:
+            self.teacher_kl += float((teacher_kl.detach() * mask).sum())
         if is_weight is not None and tokens:
             self.is_sum += float(is_weight[mask].sum())
             self.is_capped += float((is_weight[mask] >= is_cap).sum())
@@ -153,7 +156,8 @@ class _UpdateStats:
     def reduce(self, parallel, extra: list[float]) -> list[float]:
         """The whole group's statistics on every rank (data-parallel learners), in one sum and one max; `extra`
         are more numbers to sum in the same collective, returned summed."""
-        sums = ("tokens", "sequences", "entropy", "kl", "ratio_sum", "clip_sum", "ratio_weight", "is_sum", "is_capped")
+        sums = ("tokens", "sequences", "entropy", "kl", "ratio_sum", "clip_sum", "ratio_weight", "is_sum", "is_capped",
+                "teacher_kl")
         summed = parallel.sum_floats([float(getattr(self, name)) for name in sums] + list(extra))
         for name, value in zip(sums, summed):
             setattr(self, name, int(value) if name in ("tokens", "sequences") else value)
@@ -171,6 +175,8 @@ class _UpdateStats:
                        ratio_min=self.ratio_min, ratio_max=self.ratio_max)
         if spec.beta > 0 and self.tokens:
             out["kl"] = self.kl / self.tokens
+        if spec.distill > 0 and spec.distill_kl != "sampled" and self.tokens:
+            out["teacher_kl_exact"] = self.teacher_kl / self.tokens  # per trained token, over the vocabulary (its direction)
         if self.is_max > -math.inf and self.tokens:
             out.update(is_weight_mean=self.is_sum / self.tokens, is_weight_max=self.is_max,
                        is_capped_fraction=self.is_capped / self.tokens)
@@ -182,7 +188,8 @@ def trained_rows(batch: TrainBatch, spec: EstimatorSpec) -> list[int]:
     advantage (and no KL term) has exactly zero gradient; skipping it keeps the step the same and cannot leave
     a microbatch with nothing to differentiate."""
     has_tokens = batch.response_mask.any(dim=1)
-    return [i for i in range(len(batch)) if has_tokens[i] and (spec.beta > 0 or batch.has_signal(i))]
+    dense = spec.beta > 0 or (spec.distill > 0 and spec.distill_kl != "sampled")  # a loss on every token
+    return [i for i in range(len(batch)) if has_tokens[i] and (dense or batch.has_signal(i))]
 
 
 def policy_gradient_update(
@@ -199,6 +206,7 @@ def policy_gradient_update(
     temperature: float = 1.0,
     parallel=None,
     tis_cap: float | None = None,
+    teacher=None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One optimizer step of `spec`'s estimator on the N rollouts of `batch`.
 
@@ -211,7 +219,9 @@ def policy_gradient_update(
     step equals the single-process one. `tis_cap`: truncated importance sampling for rollouts sampled by an
     older (or differently rounded) policy: each token's loss is weighted by min(pi / pi_old, tis_cap), detached,
     with `batch.old_log_probs` the sampling-time log-probs (asynchronous RL). In old_log_probs, NaN marks a
-    token whose sampling log-prob is unknown; the live policy's stands in (ratio 1). Returns the whole batch's
+    token whose sampling log-prob is unknown; the live policy's stands in (ratio 1). `teacher`: the frozen
+    teacher of `spec.distill_kl` reverse / forward, whose exact per-token KL (weighted by `spec.distill`) joins each
+    token's loss. Returns the whole batch's
     loss (the sum of the backpropagated microbatch losses) and metadata; its entropy (`trained_token_entropy`)
     is over the rollouts that were trained, not the whole batch.
     """
@@ -220,6 +230,9 @@ def policy_gradient_update(
         raise ValueError(f"gradient_accumulation_steps must be >= 1; got {gradient_accumulation_steps}")
     if spec.beta > 0 and batch.reference_log_probs is None:
         raise ValueError("beta > 0 needs reference_log_probs")
+    full_distill = spec.distill > 0 and spec.distill_kl != "sampled"
+    if full_distill and teacher is None:
+        raise ValueError(f"distill_kl={spec.distill_kl!r} needs the teacher model (teacher=)")
     if (spec.needs_old_log_probs or tis_cap is not None) and batch.old_log_probs is None and not on_policy_ratio:
         raise ValueError(f"importance_reweighting_method={spec.importance_reweighting_method!r}"
                          f"{' (tis_cap)' if tis_cap is not None else ''} needs old_log_probs")
@@ -243,7 +256,8 @@ def policy_gradient_update(
         with autocast(precision, model):
             scored = get_response_log_probs(model, batch.input_ids[idx, :w], batch.labels[idx, :w],
                                             return_token_entropy=True, positions=mask, share_prefix=share_prefix,
-                                            temperature=temperature)
+                                            temperature=temperature, teacher=teacher if full_distill else None,
+                                            kl_direction=spec.distill_kl)
         log_probs = scored["log_probs"]
         if not bool(torch.isfinite(log_probs[mask]).all()):
             diverged = True  # raised below, after the collective every learner must reach
@@ -259,6 +273,8 @@ def policy_gradient_update(
         per_token, meta = policy_loss(spec, batch.advantage_columns(idx, w).to(device), log_probs, old, mask)
         if is_weight is not None:
             per_token = per_token * is_weight
+        if full_distill:
+            per_token = per_token + spec.distill * scored["teacher_kl"]
         kl = None
         if spec.beta > 0:
             kl = kl_penalty(log_probs, on_device(batch.reference_log_probs).to(log_probs.dtype), spec.kl_estimator)
@@ -267,7 +283,7 @@ def policy_gradient_update(
         loss = loss * microbatch_loss_scale(spec.loss_normalization, len(mb), n)
         loss.backward()
         total_loss += loss.detach()
-        stats.add(mask, scored["token_entropy"], meta, kl, is_weight, tis_cap)
+        stats.add(mask, scored["token_entropy"], meta, kl, is_weight, tis_cap, scored.get("teacher_kl"))
 
     microbatches = math.ceil(len(kept) / microbatch_size) if kept else 0
     if parallel is not None:  # every learner reaches this, diverged or not, before any of them gives up
