@@ -261,3 +261,22 @@ def test_opd_needs_a_teacher_and_one_with_the_same_tokenizer(tmp_path, model_dir
     tok.save_pretrained(other)
     with pytest.raises(ValueError, match="different tokenizers"):
         train_module.train_grpo(_opd_cfg(model_dir, other, tmp_path / "run", steps=1))
+
+
+def test_opd_forward_with_lora_is_killed_and_resumes_exactly(tmp_path, model_dir, teacher_dir, crash_at):
+    kw = dict(steps=4, save_every=2, lora_rank=4, distill_kl="forward")
+    train_module.train_grpo(_opd_cfg(model_dir, teacher_dir, tmp_path / "straight", **kw))
+    undo = crash_at(3)
+    with pytest.raises(KeyboardInterrupt):
+        train_module.train_grpo(_opd_cfg(model_dir, teacher_dir, tmp_path / "crashed", **kw))
+    undo()
+    train_module.train_grpo(_opd_cfg(model_dir, teacher_dir, tmp_path / "crashed", resume=True, **kw))
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/")}  # noqa: E731
+                          for r in rows]
+    straight = strip(read_jsonl(tmp_path / "straight" / "metrics.jsonl"))
+    assert strip(read_jsonl(tmp_path / "crashed" / "metrics.jsonl")) == straight
+    assert [r["step"] for r in straight] == [1, 2, 3, 4]
+    # only the adapter trains, and it does: the forward KL to the teacher moves
+    assert all(r["train/grad_norm"] > 0 for r in straight)
+    assert len({round(r["train/teacher_kl_exact"], 6) for r in straight}) == 4
+    assert (tmp_path / "straight" / "final" / "model.safetensors").is_file()  # merged for evaluation
