@@ -140,6 +140,7 @@ class _TeacherScores:
 
 def _checkpointing(model) -> bool:
     """Whether activation checkpointing is on (it disables the KV cache that prefix sharing needs)."""
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft wrapper: its model's
     name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
     return bool(getattr(model, name, False))
 
