@@ -7,8 +7,9 @@ start. Two comparisons, each at the same rollout budget (steps x 32 sampled answ
 
   1. From the base model (which never writes the r1_zero format): on-policy distillation from the SFT teacher
      (`algorithm=opd`, the sampled-token estimator; `opd-full`: `distill_kl=reverse`, the exact reverse KL over
-     the vocabulary at each visited state; `opd-forward`: `distill_kl=forward`, the forward KL there), SFT on the teacher's own samples (sequence-level distillation: the teacher answers the
-     same number of training questions at temperature 1, the student imitates its well-formed answers), and
+     the vocabulary at each visited state; `opd-forward`: `distill_kl=forward`, the forward KL there), SFT on
+     the teacher's own samples (sequence-level distillation: the teacher answers the same number of training
+     questions at temperature 1, the student imitates its well-formed answers), and
      GRPO on the verifier's reward.
   2. From the SFT checkpoint: DPO on right/wrong pairs of its own rollouts vs GRPO.
 
@@ -91,18 +92,16 @@ def main():
     done = {(r["method"], r["seed"]) for r in map(json.loads, results_path.read_text().splitlines())} \
         if results_path.is_file() else set()
 
+    def opd(kl: str):
+        """On-policy distillation of the base model from the teacher, its signal entering as `distill_kl=kl`."""
+        return lambda s, d: [RLVR + ["train", f"model={BASE}", f"teacher={TEACHER}", "algorithm=opd", f"distill_kl={kl}",
+                                     f"steps={args.steps}", "rollout_batch_size=32", "group_size=4",
+                                     "learning_rate=5e-5", f"seed={s}", f"out={d}", *COMMON]]
+
     methods = {
-        "opd (base <- teacher)": lambda s, d: [RLVR + ["train", f"model={BASE}", f"teacher={TEACHER}", "algorithm=opd",
-                                                      f"steps={args.steps}", "rollout_batch_size=32", "group_size=4",
-                                                      "learning_rate=5e-5", f"seed={s}", f"out={d}", *COMMON]],
-        "opd-full (base <- teacher)": lambda s, d: [RLVR + ["train", f"model={BASE}", f"teacher={TEACHER}",
-                                                           "algorithm=opd", "distill_kl=reverse", f"steps={args.steps}",
-                                                           "rollout_batch_size=32", "group_size=4",
-                                                           "learning_rate=5e-5", f"seed={s}", f"out={d}", *COMMON]],
-        "opd-forward (base <- teacher)": lambda s, d: [RLVR + ["train", f"model={BASE}", f"teacher={TEACHER}",
-                                                              "algorithm=opd", "distill_kl=forward", f"steps={args.steps}",
-                                                              "rollout_batch_size=32", "group_size=4",
-                                                              "learning_rate=5e-5", f"seed={s}", f"out={d}", *COMMON]],
+        "opd (base <- teacher)": opd("sampled"),
+        "opd-full (base <- teacher)": opd("reverse"),
+        "opd-forward (base <- teacher)": opd("forward"),
         "sft on teacher samples (base)": None,  # below: sampling, then rlvr sft
         "grpo (base)": lambda s, d: [RLVR + ["train", f"model={BASE}", "algorithm=grpo", f"steps={args.steps}",
                                             "rollout_batch_size=32", "group_size=8", "learning_rate=1e-5", f"seed={s}",

@@ -159,6 +159,12 @@ class EstimatorSpec:
     def needs_old_log_probs(self) -> bool:
         return self.importance_reweighting_method in NEEDS_OLD_LOG_PROBS
 
+    @property
+    def exact_distill(self) -> bool:
+        """Whether the update adds the exact KL to the teacher to every token's loss (distill_kl reverse /
+        forward), rather than distillation entering as per-token advantages."""
+        return self.distill > 0 and self.distill_kl != "sampled"
+
 
 Preset = EstimatorSpec  # the name the preset table had before the spec was the update's only argument
 CHOICES = tuple(f.name for f in dataclasses.fields(EstimatorSpec) if f.name != "summary")

@@ -112,24 +112,24 @@ def _head_scores(head, hidden, labels, with_entropy, temperature=1.0, teacher_lo
     return _scores(head(hidden), labels, with_entropy, temperature, teacher_log_probs, kl_direction)
 
 
+def _scored_states(model, parts, input_ids: torch.Tensor, offset: int, select: torch.Tensor | None) -> torch.Tensor:
+    """(positions, features) at the scored positions -- columns offset.. of every row, then `select` -- on the
+    model's device: the decoder's last hidden states when the model has a plain head (`parts`), else its logits."""
+    ids = input_ids.to(input_device(model), non_blocking=True)
+    states = _decoder_hidden(model, parts[0], ids, offset) if parts is not None else model(input_ids=ids).logits[:, offset:]
+    states = states.reshape(-1, states.shape[-1])
+    return states[select.to(states.device)] if select is not None else states
+
+
 class _TeacherScores:
-    """The teacher's log-softmax at temperature 1, chunk by chunk, at the positions the student scores
-    (columns offset.. of every row, then `select`): its decoder runs once, without gradient, on its own device;
-    each chunk's vocabulary projection when asked for (a model without a plain head: its logits, kept)."""
+    """The teacher's log-softmax at temperature 1, chunk by chunk, at the positions the student scores: its
+    decoder runs once, without gradient, on its own device; each chunk's vocabulary projection when asked for."""
 
     def __init__(self, teacher, input_ids: torch.Tensor, select: torch.Tensor | None, offset: int):
-        self.device = input_device(teacher)
         parts = _head_parts(teacher)
+        self.head = parts[1] if parts is not None else None
         with torch.no_grad():
-            ids = input_ids.to(self.device)
-            if parts is not None:
-                self.head = parts[1]
-                states = _decoder_hidden(teacher, parts[0], ids, offset)
-            else:
-                self.head = None
-                states = teacher(input_ids=ids).logits[:, offset:]
-            states = states.reshape(-1, states.shape[-1])
-            self.states = states[select.to(self.device)] if select is not None else states
+            self.states = _scored_states(teacher, parts, input_ids, offset, select)
 
     def log_probs(self, start: int, stop: int, device) -> torch.Tensor:
         with torch.no_grad():
@@ -215,17 +215,11 @@ def get_response_log_probs(
     positions = positions[:, offset:] if positions is not None else None
     flat_labels = labels.reshape(-1)
     select = positions.reshape(-1).nonzero().squeeze(-1) if positions is not None else None
-    if parts is not None:
-        decoder, head = parts
-        hidden = _decoder_hidden(model, decoder, input_ids, offset)
-        hidden = hidden.reshape(-1, hidden.shape[-1])
-        vocab = head.weight.shape[0]
-    else:
-        hidden = model(input_ids=input_ids).logits
-        hidden = hidden.reshape(-1, hidden.shape[-1])
-        vocab = hidden.shape[-1]
+    hidden = _scored_states(model, parts, input_ids, offset, select)  # offset is 0 without a plain head
+    head = parts[1] if parts is not None else None
+    vocab = head.weight.shape[0] if head is not None else hidden.shape[-1]
     if select is not None:
-        hidden, flat_labels = hidden[select], flat_labels[select]
+        flat_labels = flat_labels[select]
 
     teacher_scores = _TeacherScores(teacher, input_ids, select, offset) if teacher is not None else None
     # the teacher's log-softmax is (positions, V) float32: with a teacher, half the chunk for each side

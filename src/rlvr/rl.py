@@ -272,8 +272,7 @@ def train_on_rollouts(model, optimizer, scheduler, reference, batch: TrainBatch,
                     model, optimizer, part, spec, math.ceil(len(split) / cfg.microbatch_size), cfg.max_grad_norm,
                     on_policy_ratio=spec.needs_old_log_probs and part.old_log_probs is None, precision=cfg.precision,
                     share_prefix=cfg.share_prefix, temperature=cfg.temperature, parallel=parallel,
-                    tis_cap=tis_cap if behaviour and not spec.needs_old_log_probs else None,
-                    teacher=teacher if spec.distill_kl != "sampled" else None)
+                    tis_cap=tis_cap if behaviour and not spec.needs_old_log_probs else None, teacher=teacher)
                 updates.append({"loss": float(loss), **meta})
             except NonFiniteLoss as err:
                 log.error("step %d, train batch %d: %s", step, i, err)
@@ -335,7 +334,7 @@ def train_grpo(cfg: TrainConfig) -> dict:
         with _timed(times, "teacher"):
             # (distill_kl reverse / forward: the update scores the teacher itself, logs train/teacher_kl_exact)
             distilled = distill_from_teacher(scored.batch, model, teacher, spec, cfg) \
-                if teacher is not None and spec.distill_kl == "sampled" else {}
+                if teacher is not None and not spec.exact_distill else {}
         updates = train_on_rollouts(model, optimizer, scheduler, reference, scored.batch, spec, cfg, step, times,
                                     teacher=teacher)
 

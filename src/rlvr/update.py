@@ -175,7 +175,7 @@ class _UpdateStats:
                        ratio_min=self.ratio_min, ratio_max=self.ratio_max)
         if spec.beta > 0 and self.tokens:
             out["kl"] = self.kl / self.tokens
-        if spec.distill > 0 and spec.distill_kl != "sampled" and self.tokens:
+        if spec.exact_distill and self.tokens:
             out["teacher_kl_exact"] = self.teacher_kl / self.tokens  # per trained token, over the vocabulary (its direction)
         if self.is_max > -math.inf and self.tokens:
             out.update(is_weight_mean=self.is_sum / self.tokens, is_weight_max=self.is_max,
@@ -188,7 +188,7 @@ def trained_rows(batch: TrainBatch, spec: EstimatorSpec) -> list[int]:
     advantage (and no KL term) has exactly zero gradient; skipping it keeps the step the same and cannot leave
     a microbatch with nothing to differentiate."""
     has_tokens = batch.response_mask.any(dim=1)
-    dense = spec.beta > 0 or (spec.distill > 0 and spec.distill_kl != "sampled")  # a loss on every token
+    dense = spec.beta > 0 or spec.exact_distill  # a loss on every token
     return [i for i in range(len(batch)) if has_tokens[i] and (dense or batch.has_signal(i))]
 
 
@@ -230,8 +230,7 @@ def policy_gradient_update(
         raise ValueError(f"gradient_accumulation_steps must be >= 1; got {gradient_accumulation_steps}")
     if spec.beta > 0 and batch.reference_log_probs is None:
         raise ValueError("beta > 0 needs reference_log_probs")
-    full_distill = spec.distill > 0 and spec.distill_kl != "sampled"
-    if full_distill and teacher is None:
+    if spec.exact_distill and teacher is None:
         raise ValueError(f"distill_kl={spec.distill_kl!r} needs the teacher model (teacher=)")
     if (spec.needs_old_log_probs or tis_cap is not None) and batch.old_log_probs is None and not on_policy_ratio:
         raise ValueError(f"importance_reweighting_method={spec.importance_reweighting_method!r}"
@@ -256,7 +255,7 @@ def policy_gradient_update(
         with autocast(precision, model):
             scored = get_response_log_probs(model, batch.input_ids[idx, :w], batch.labels[idx, :w],
                                             return_token_entropy=True, positions=mask, share_prefix=share_prefix,
-                                            temperature=temperature, teacher=teacher if full_distill else None,
+                                            temperature=temperature, teacher=teacher if spec.exact_distill else None,
                                             kl_direction=spec.distill_kl)
         log_probs = scored["log_probs"]
         if not bool(torch.isfinite(log_probs[mask]).all()):
@@ -273,7 +272,7 @@ def policy_gradient_update(
         per_token, meta = policy_loss(spec, batch.advantage_columns(idx, w).to(device), log_probs, old, mask)
         if is_weight is not None:
             per_token = per_token * is_weight
-        if full_distill:
+        if spec.exact_distill:
             per_token = per_token + spec.distill * scored["teacher_kl"]
         kl = None
         if spec.beta > 0:
