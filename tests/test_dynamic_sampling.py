@@ -49,3 +49,27 @@ def test_dynamic_sampling_short_of_groups_trains_what_it_found(tmp_path, model_d
     assert all(r["train/dynamic_rounds"] == 1 and r["train/dynamic_sampled_rollouts"] == 24 for r in rows)
     assert any(0 < r["train/dynamic_kept_groups"] < 6 for r in rows)
     assert all(r["train/nonfinite_steps"] == 0 for r in rows)
+
+
+def test_dynamic_sampling_questions_oversamples_the_first_round(tmp_path, model_dir):
+    # 12 questions x 4 in one round for a batch of 3 groups: about half the questions can have spread, so one
+    # round fills the batch and the groups beyond the third are dropped
+    out = tmp_path / "over"
+    train_module.train_grpo(_cfg(model_dir, out, dynamic_sampling=True, dynamic_sampling_rounds=1,
+                                 dynamic_sampling_questions=12))
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "train/reward" in r]
+    assert rows and all(r["train/dynamic_rounds"] == 1 and r["train/dynamic_sampled_rollouts"] == 48 for r in rows)
+    assert all(r["train/dynamic_kept_groups"] <= 3 for r in rows)
+    assert sum(r["train/dynamic_kept_groups"] == 3 for r in rows) >= len(rows) - 1
+    by_step: dict[int, set] = {}
+    for row in read_jsonl(out / "rollouts.jsonl"):
+        by_step.setdefault(row["step"], set()).add(row["question"])
+    assert by_step and all(len(qs) <= 3 for qs in by_step.values())  # extras beyond a full batch are not trained
+
+
+@pytest.mark.parametrize("kw, field", [({"dynamic_sampling_questions": 8}, "dynamic_sampling=true"),
+                                       ({"dynamic_sampling": True, "dynamic_sampling_questions": 2},
+                                        "dynamic_sampling_questions=2")])
+def test_dynamic_sampling_questions_is_validated(tmp_path, model_dir, kw, field):
+    with pytest.raises(ValueError, match=field):
+        _cfg(model_dir, tmp_path / "bad", **kw)

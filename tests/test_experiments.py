@@ -15,8 +15,9 @@ from typer.testing import CliRunner
 from rlvr.cli import app
 from rlvr.config import ConfigError, TrainConfig
 from rlvr.plots import FIGURES, MINUTES_FIGURE, build_figures, lr_figure, minutes_figure
-from rlvr.report import fmt_spread, sample_rollouts
+from rlvr.report import fmt_difference, fmt_spread, sample_rollouts
 from rlvr.runs import (
+    difference, runs_to_resolve,
     differing_fields, group_runs, label_fields, load_groups, load_runs, metric_series, per_step_spread, spread,
     summarize, write_summary,
 )
@@ -115,6 +116,26 @@ def test_spread_is_the_95_percent_t_interval():
     one = spread([0.4])  # a single run has no spread: no band, not a zero-width lie in the tables
     assert math.isnan(one.std) and math.isnan(one.half_width) and one.band() == (0.4, 0.4)
     assert fmt_spread(one) == "0.400 (n=1)" and fmt_spread(s) == "0.600 ± 0.248"
+
+
+def test_difference_of_two_groups_is_the_pooled_two_sample_t_interval():
+    d = difference([0.6, 0.7, 0.8], [0.5, 0.6, 0.7])
+    # delta 0.1; pooled s^2 = (0.02 + 0.02) / (3 + 3 - 2) = 0.01; half = t(4) 2.7764 * sqrt(0.01 * 2/3) = 0.226695
+    assert d.mean == pytest.approx(0.1) and d.df == 4
+    assert d.half_width == pytest.approx(0.226695, abs=1e-5) and not d.resolved
+    # n per group: 2.1199 * sqrt(0.02 / 9) = 0.09993 < 0.1, but 2.1448 * sqrt(0.02 / 8) = 0.10724 > 0.1
+    assert d.runs_to_resolve == 9 == runs_to_resolve(0.1, 0.01)
+    assert fmt_difference(d) == "+0.100 ± 0.227, within the spread (9 runs per group would resolve it)"
+    # s^2 = 1e-4: half = 2.7764 * sqrt(1e-4 * 2/3) = 0.0227; at 2 runs a side t(2) * sqrt(2e-4 / 2) = 0.043 < 0.4
+    far = difference([0.9, 0.91, 0.92], [0.5, 0.51, 0.52])
+    assert far.resolved and far.runs_to_resolve == 2 and fmt_difference(far) == "+0.400 ± 0.023, larger than the spread"
+    # unequal sizes: 2 and 3 runs, s^2 = (0.005 + 0.02) / 3, half = t(3) 3.1824 * sqrt(s^2 * (1/2 + 1/3))
+    uneven = difference([0.3, 0.4], [0.5, 0.6, 0.7])
+    assert uneven.mean == pytest.approx(-0.25) and uneven.df == 3
+    assert uneven.half_width == pytest.approx(3.1824 * math.sqrt(0.025 / 3 * 5 / 6), abs=1e-4)
+    one = difference([0.4], [0.5])  # no run-to-run variance measured: no interval, no estimate of seeds
+    assert math.isnan(one.half_width) and not one.resolved and one.runs_to_resolve is None
+    assert difference([0.5, 0.6], [0.6, 0.5]).runs_to_resolve is None  # equal means: no n resolves 0
 
 
 def test_per_step_spread_counts_only_the_runs_that_have_the_step():
@@ -320,6 +341,28 @@ def test_summary_command_writes_csv_and_json(sweep_root, tmp_path):
     assert (out.parent / "summary.json").is_file()
     result = CliRunner().invoke(app, ["summary", str(tmp_path / "s"), "--out", str(out)])
     assert result.exit_code == 2 and "holds no run" in result.output
+
+
+def test_summary_and_report_compare_each_group_with_a_baseline(sweep_root, tmp_path):
+    out = tmp_path / "summary.csv"
+    result = CliRunner().invoke(app, ["summary", str(sweep_root), "--out", str(out), "--baseline", "algorithm=dr_grpo"])
+    assert result.exit_code == 0, result.output
+    # grpo final [0.5, 0.6, 0.7] - dr_grpo final [0.2, 0.4, 0.3]: 0.3 +- 2.7764 * sqrt(0.01 * 2/3) = 0.226695
+    row = next(r for r in csv.DictReader(out.open()) if r["kind"] == "difference")
+    assert (row["group"], row["baseline"], row["final_val_accuracy_resolved"]) == (
+        "algorithm=grpo", "algorithm=dr_grpo", "True")
+    assert float(row["final_val_accuracy"]) == pytest.approx(0.3)
+    assert float(row["final_val_accuracy_ci95"]) == pytest.approx(0.226695, abs=1e-5)
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert data["differences"][0]["stats"]["final_val_accuracy"]["runs_to_resolve"] == 3
+    assert "+0.300 ± 0.227" in result.output  # (rich wraps the verdict in a narrow terminal)
+    page = tmp_path / "report.html"
+    result = CliRunner().invoke(app, ["report", str(sweep_root), "--out", str(page), "--baseline", "algorithm=dr_grpo"])
+    assert result.exit_code == 0, result.output
+    assert "Differences from algorithm=dr_grpo" in page.read_text()
+    assert "+0.300 ± 0.227, larger than the spread" in page.read_text()
+    result = CliRunner().invoke(app, ["summary", str(sweep_root), "--out", str(out), "--baseline", "grpo"])
+    assert result.exit_code == 2 and "'algorithm=grpo'" in result.output and "'algorithm=dr_grpo'" in result.output
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -112,6 +112,8 @@ def algorithms_command():
 
 RunDirs = typer.Argument(..., help="run directories, or directories holding runs below them (sweep roots)")
 BandOption = typer.Option("ci", "--band", help="ci: mean ± 95% t-interval, t(0.975, n-1)·s/√n across n seeds | minmax: min to max")
+BaselineOption = typer.Option(None, "--baseline", help="a group's label (as the summary table prints it): show every "
+                              "other group's difference from it, with its 95% two-sample t-interval")
 
 
 def _band(band: str) -> str:
@@ -188,39 +190,51 @@ def plot_command(runs: list[Path] = RunDirs, out: Path = typer.Option(Path("plot
 @app.command("report")
 def report_command(runs: list[Path] = RunDirs, out: Path = typer.Option(Path("report.html"), "--out", "-o"),
                    band: str = BandOption, rollouts: int = typer.Option(2, help="sample rollouts per step shown"),
-                   title: str = typer.Option(None, help="page title")):
+                   title: str = typer.Option(None, help="page title"), baseline: str = BaselineOption):
     """A self-contained HTML page: configs, final numbers with their spread, plots, early and late rollouts."""
     from rlvr.report import write_report
 
     try:
-        page = write_report(runs, out, _band(band), rollouts, title)
+        page = write_report(runs, out, _band(band), rollouts, title, baseline=baseline)
     except (FileNotFoundError, ValueError) as err:
         _fail(str(err))
     typer.echo(f"wrote {page}")
 
 
 @app.command("summary")
-def summary_command(runs: list[Path] = RunDirs, out: Path = typer.Option(Path("summary.csv"), "--out", "-o")):
+def summary_command(runs: list[Path] = RunDirs, out: Path = typer.Option(Path("summary.csv"), "--out", "-o"),
+                    baseline: str = BaselineOption):
     """Final and best validation numbers per run and per group, as CSV and JSON.
 
-    Per group: mean, sample std, 95% t-interval half width (t(0.975, n-1)·s/√n), min, max and n; the JSON is written next to the CSV."""
+    Per group: mean, sample std, 95% t-interval half width (t(0.975, n-1)·s/√n), min, max and n; the JSON is
+    written next to the CSV. With --baseline: each group's difference from that group, its 95% two-sample
+    t-interval, whether it is larger than the spread, and the runs per group that would resolve it."""
     from rich.console import Console
     from rich.table import Table
 
-    from rlvr.report import fmt_spread
+    from rlvr.report import DIFFERENCE_METRICS, fmt_difference, fmt_spread
     from rlvr.runs import SUMMARY_METRICS, load_groups, summarize, write_summary
 
     try:
-        summary = summarize(load_groups(runs))
+        summary = summarize(load_groups(runs), baseline=baseline)
     except (FileNotFoundError, ValueError) as err:
         _fail(str(err))
     csv_path, json_path = write_summary(summary, out)
     table = Table(title="validation numbers per group (mean ± 95% t-interval, n = runs)")
-    for col in ("group", "n (finished)", "final accuracy", "best accuracy", "final format rate"):
+    for col in ("group", "n (finished)", "final accuracy", "best accuracy", "final format rate",
+                "final sampled accuracy"):
         table.add_column(col)
     for g in summary.groups:
         table.add_row(g.group, f"{g.n_runs} ({g.n_finished})", *(fmt_spread(g.stats[m]) for m in SUMMARY_METRICS))
     Console().print(table)
+    if summary.differences:
+        table = Table(title=f"difference from {baseline} (mean ± 95% two-sample t-interval; resolved: the "
+                            "interval excludes 0; runs per group that would resolve it at this variance)")
+        for col in ("group", "final accuracy", "final sampled accuracy"):
+            table.add_column(col)
+        for d in summary.differences:
+            table.add_row(d.group, *(fmt_difference(d.stats[m]) for m in DIFFERENCE_METRICS))
+        Console().print(table)
     typer.echo(f"wrote {csv_path} and {json_path}")
 
 

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlvr.runs import (
-    NOT_CONFIG, SUMMARY_METRICS, Band, Group, Spread, Summary, differing_fields, fmt_value, load_groups, summarize,
+    NOT_CONFIG, SUMMARY_METRICS, Band, Difference, Group, Spread, Summary, differing_fields, fmt_value, load_groups,
+    summarize,
 )
 
 CSS = """
@@ -48,6 +49,21 @@ def fmt_spread(s: Spread | None, digits: int = 3) -> str:
     if math.isnan(s.half_width):
         return f"{s.mean:.{digits}f} (n=1)"
     return f"{s.mean:.{digits}f} ± {s.half_width:.{digits}f}"
+
+
+# the numbers a comparison between groups is about (the best accuracy of a run is biased upward by picking)
+DIFFERENCE_METRICS = ("final_val_accuracy", "final_val_sampled_accuracy")
+
+
+def fmt_difference(d: Difference | None, digits: int = 3) -> str:
+    """'+0.100 ± 0.227, within the spread (9 runs per group would resolve it)'."""
+    if d is None:
+        return "-"
+    if math.isnan(d.half_width):
+        return f"{d.mean:+.{digits}f} (one run a side: no interval)"
+    verdict = "larger than the spread" if d.resolved else "within the spread"
+    need = f" ({d.runs_to_resolve} runs per group would resolve it)" if not d.resolved and d.runs_to_resolve else ""
+    return f"{d.mean:+.{digits}f} ± {d.half_width:.{digits}f}, {verdict}{need}"
 
 
 def _num(x: float | None, digits: int = 3) -> str:
@@ -107,6 +123,19 @@ def numbers_section(summary: Summary) -> str:
         _table(["run", "group", "seed", "steps", "finished", "final val accuracy", "best val accuracy",
                 "final val format rate", "final sampled val accuracy"], run_rows),
         "</details>",
+    ])
+
+
+def differences_section(summary: Summary) -> str:
+    if not summary.differences:
+        return ""
+    rows = [[esc(d.group)] + [esc(fmt_difference(d.stats[m])) for m in DIFFERENCE_METRICS] for d in summary.differences]
+    return "\n".join([
+        f"<h2>Differences from {esc(summary.differences[0].baseline)}</h2>",
+        "<p>Each group's mean minus the baseline's, ± the 95% two-sample t-interval (pooled variance, "
+        "df = n₁ + n₂ − 2). Larger than the spread: the interval excludes 0. Otherwise, the runs per group "
+        "that the same run-to-run variance would need to resolve a difference this large.</p>",
+        _table(["group"] + [METRIC_TITLES[m] for m in DIFFERENCE_METRICS], rows),
     ])
 
 
@@ -177,20 +206,21 @@ def render_report(groups: Sequence[Group], summary: Summary, pngs: dict[str, byt
         f"<h1>{esc(title)}</h1>",
         f"<p class=muted>{n_runs} runs in {len(groups)} groups · bands: {band_text} · written "
         f"{esc(time.strftime('%Y-%m-%d %H:%M'))}</p>",
-        config_section(groups), numbers_section(summary), figures_section(pngs),
+        config_section(groups), numbers_section(summary), differences_section(summary), figures_section(pngs),
         rollouts_section(groups, rollouts_per_step),
         "</body></html>",
     ])
 
 
 def write_report(paths: Sequence[str | Path], out: str | Path, band: Band = "ci", rollouts_per_step: int = 2,
-                 title: str | None = None) -> Path:
-    """Load the runs under `paths`, draw the figures and write the page to `out`."""
+                 title: str | None = None, baseline: str | None = None) -> Path:
+    """Load the runs under `paths`, draw the figures and write the page to `out` (with `baseline`, a group's
+    label: every other group's difference from it)."""
     from rlvr.plots import build_figures, png_bytes
 
     groups = load_groups(paths, rollouts=True)
     pngs = {name: png_bytes(fig) for name, fig in build_figures(groups, band).items()}
-    page = render_report(groups, summarize(groups), pngs, title or f"rlvr report: {', '.join(map(str, paths))}",
+    page = render_report(groups, summarize(groups, baseline=baseline), pngs, title or f"rlvr report: {', '.join(map(str, paths))}",
                          band, rollouts_per_step)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -166,7 +166,9 @@ def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
                      tokenizer, cfg: TrainConfig, step: int, reward_fn, spec: EstimatorSpec):
     """DAPO's dynamic sampling: groups whose rewards have no spread (all right, all wrong) teach nothing, so they
     are dropped and new questions sampled in their place, up to `dynamic_sampling_rounds` generations, until the
-    batch holds rollout_batch_size / group_size groups with spread. Short of that, the step trains on the groups
+    batch holds rollout_batch_size / group_size groups with spread (the first round generates
+    `dynamic_sampling_questions` questions when set, later rounds as many as the keep rate so far says will fill
+    the batch). Short of that, the step trains on the groups
     it found (none found: the last round's, which train nothing). Returns the batch, what the sampling cost, and
     the batch's (scores, grading counts of every round) for `score_rollouts`, so nothing is graded twice."""
     want, g = cfg.rollout_batch_size // cfg.group_size, cfg.group_size
@@ -179,7 +181,8 @@ def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
         missing = want - len(questions)
         # after the first round, ask for as many questions as this step's keep rate says will fill the batch
         rate = max(len(questions) * g / sampled, 1 / want) if sampled else 1.0
-        count = missing if not sampled else min(4 * want, math.ceil(missing / rate))
+        first = cfg.dynamic_sampling_questions or missing
+        count = first if not sampled else min(max(4 * want, first), math.ceil(missing / rate))
         new_q, new_p = next_questions(train, order, prompt, tokenizer, cfg, count=count)
         sampling = rollout_sampling(cfg, prompt, step)
         sampling = dataclasses.replace(sampling, seed=sampling.seed + 1_000_000_007 * rounds)

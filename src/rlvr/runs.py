@@ -87,6 +87,54 @@ def spread(values: Sequence[float]) -> Spread:
     return Spread(mean, std, half, min(values), max(values), n)
 
 
+@dataclass(frozen=True)
+class Difference:
+    """mean(a) - mean(b) with its 95 % two-sample t-interval (pooled variance, df = na + nb - 2), and how many
+    runs per group the same variance would need for an interval that excludes 0 (`runs_to_resolve`, None when
+    the means are equal or the variance is unknown)."""
+
+    mean: float
+    half_width: float
+    df: int
+    runs_to_resolve: int | None
+
+    @property
+    def resolved(self) -> bool:
+        """The difference is larger than the spread: its 95 % interval excludes 0."""
+        return not math.isnan(self.half_width) and abs(self.mean) > self.half_width
+
+    def to_dict(self) -> dict:
+        return {**{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()},
+                "resolved": self.resolved}
+
+
+def runs_to_resolve(delta: float, variance: float, most: int = 10_000) -> int | None:
+    """The fewest runs n per group for which t(0.975, 2n-2)·sqrt(2·variance/n) < |delta|: the seeds a
+    comparison of two groups needs, if each run varies as much as these did."""
+    if delta == 0 or math.isnan(variance):
+        return None
+    for n in range(2, most + 1):
+        if t_quantile(2 * n - 2) * math.sqrt(2 * variance / n) < abs(delta):
+            return n
+    return None
+
+
+def difference(a: Sequence[float], b: Sequence[float]) -> Difference:
+    """difference([0.6, 0.7, 0.8], [0.5, 0.6, 0.7]): 0.1 +- t(0.975, 4)·sqrt(0.01·(1/3 + 1/3)) = 0.1 +- 0.227,
+    not resolved; 9 runs per group would resolve it (t(16) = 2.120: 2.120·sqrt(0.02/9) = 0.0999)."""
+    na, nb = len(a), len(b)
+    if na == 0 or nb == 0:
+        raise ValueError("a difference needs values on both sides")
+    delta = sum(a) / na - sum(b) / nb
+    df = na + nb - 2
+    if df < 1 or na < 2 and nb < 2:  # no run-to-run variance measured on either side
+        return Difference(delta, math.nan, max(df, 0), None)
+    squares = sum((x - sum(a) / na) ** 2 for x in a) + sum((x - sum(b) / nb) ** 2 for x in b)
+    variance = squares / df
+    half = t_quantile(df) * math.sqrt(variance * (1 / na + 1 / nb))
+    return Difference(delta, half, df, runs_to_resolve(delta, variance))
+
+
 def metric_series(metrics: list[dict], key: str) -> dict[int, float]:
     """step -> value of one metric (finite numbers only; a step logged twice keeps its last value)."""
     out = {}
@@ -259,9 +307,19 @@ class GroupSummary:
 
 
 @dataclass
+class GroupDifference:
+    """One group against the baseline group: a Difference per summary number both have."""
+
+    group: str
+    baseline: str
+    stats: dict[str, Difference | None]
+
+
+@dataclass
 class Summary:
     runs: list[RunSummary]
     groups: list[GroupSummary]
+    differences: list[GroupDifference] = field(default_factory=list)  # with summarize(..., baseline=)
 
 
 def summarize_run(run: Run, group: str) -> RunSummary:
@@ -283,7 +341,8 @@ def summarize_run(run: Run, group: str) -> RunSummary:
     )
 
 
-def summarize(groups: Sequence[Group]) -> Summary:
+def summarize(groups: Sequence[Group], baseline: str | None = None) -> Summary:
+    """Per run and per group; with `baseline` (a group's label), every other group's difference from it."""
     runs, out = [], []
     for g in groups:
         rs = [summarize_run(r, g.label) for r in g.runs]
@@ -294,12 +353,28 @@ def summarize(groups: Sequence[Group]) -> Summary:
             stats[metric] = spread(values) if values else None
         out.append(GroupSummary(g.label, {k: v for k, v in g.key}, len(rs), sum(r.finished for r in rs),
                                 [r.seed for r in rs], stats))
-    return Summary(runs, out)
+    summary = Summary(runs, out)
+    if baseline is not None:
+        summary.differences = compare_to(summary, baseline)
+    return summary
+
+
+def compare_to(summary: Summary, baseline: str) -> list[GroupDifference]:
+    labels = [g.group for g in summary.groups]
+    if baseline not in labels:
+        raise ValueError(f"no group is labelled {baseline!r}; the groups are: {', '.join(map(repr, labels))}")
+    values = {g: {m: [getattr(r, m) for r in summary.runs if r.group == g and getattr(r, m) is not None]
+                  for m in SUMMARY_METRICS} for g in labels}
+    return [GroupDifference(g, baseline, {m: difference(values[g][m], values[baseline][m])
+                                          if values[g][m] and values[baseline][m] else None
+                                          for m in SUMMARY_METRICS})
+            for g in labels if g != baseline]
 
 
 def summary_rows(summary: Summary) -> list[dict]:
     """CSV rows: one per run (kind=run), then one per group (kind=group) with mean, std, 95% half width,
-    min and max of each summary number (the run columns hold the group mean)."""
+    min and max of each summary number (the run columns hold the group mean), then one per group compared with
+    the baseline (kind=difference)."""
     rows = []
     for r in summary.runs:
         rows.append({"kind": "run", **asdict(r)})
@@ -311,6 +386,13 @@ def summary_rows(summary: Summary) -> list[dict]:
             row[metric] = d.get("mean")
             for part in ("std", "half_width", "min", "max"):
                 row[f"{metric}_{'ci95' if part == 'half_width' else part}"] = d.get(part)
+        rows.append(row)
+    for d in summary.differences:  # kind=difference: the group's mean minus the baseline's, with its interval
+        row = {"kind": "difference", "group": d.group, "baseline": d.baseline}
+        for metric, x in d.stats.items():
+            x = x.to_dict() if x is not None else {}
+            row[metric], row[f"{metric}_ci95"] = x.get("mean"), x.get("half_width")
+            row[f"{metric}_resolved"], row[f"{metric}_runs_to_resolve"] = x.get("resolved"), x.get("runs_to_resolve")
         rows.append(row)
     return rows
 
@@ -333,6 +415,9 @@ def write_summary(summary: Summary, csv_path: str | Path) -> tuple[Path, Path]:
         "runs": [asdict(r) for r in summary.runs],
         "groups": [{**{k: v for k, v in asdict(g).items() if k != "stats"},
                     "stats": {m: (s.to_dict() if s else None) for m, s in g.stats.items()}} for g in summary.groups],
+        "differences": [{"group": d.group, "baseline": d.baseline,
+                         "stats": {m: (x.to_dict() if x else None) for m, x in d.stats.items()}}
+                        for d in summary.differences],
     }
     json_path.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
     return csv_path, json_path
