@@ -435,6 +435,13 @@ def test_sweep_validation_names_the_file_and_the_field(tmp_path):
         load_sweep(ok, ["paralel=2"])
     result = CliRunner().invoke(app, ["sweep", "--config", str(bad_value), "dry_run=true"])
     assert result.exit_code == 2 and "b.yaml" in result.output and "learning_rate" in result.output
+    for baseline, message in (("seed=0", "not <grid field>=<value>"), ("algorithm", "not <grid field>=<value>"),
+                              ("learning_rate=3e-05", "'3e-05' is not one of learning_rate's grid values \\(1e-05, 2e-05\\)")):
+        bad_baseline = write_sweep(tmp_path / "g.yaml", {"learning_rate": [1e-5, 2e-5], "seed": [0]}, baseline=baseline)
+        with pytest.raises(ConfigError, match=rf"g\.yaml: field 'baseline': .*{message}"):
+            load_sweep(bad_baseline)
+    assert load_sweep(write_sweep(tmp_path / "h.yaml", {"learning_rate": [1e-5, 2e-5]}, baseline="learning_rate=1e-05")
+                      ).baseline == "learning_rate=1e-05"
 
 
 SHIPPED = {"quick_variants": 6, "lr_sweep": 12, "prompt_ablation": 9, "on_policy_variants": 15,
@@ -517,10 +524,13 @@ def test_a_failed_run_is_reported_and_the_sweep_goes_on(tmp_path):
 
 def test_sweep_runs_two_seeds_end_to_end_then_skips_them(tmp_path, model_dir):
     out = tmp_path / "runs"
-    sweep_file = write_sweep(tmp_path / "sweeps" / "tiny.yaml", {"seed": [0, 1]}, out=str(out),
-                             base={**BASE, "model": str(model_dir), "save_every": 1})
+    # a baseline whose group the summary cannot tell apart yet (one learning rate): a warning, no differences
+    sweep_file = write_sweep(tmp_path / "sweeps" / "tiny.yaml", {"learning_rate": [1e-3], "seed": [0, 1]},
+                             out=str(out), base={**BASE, "model": str(model_dir), "save_every": 1},
+                             baseline="learning_rate=0.001")
     result = CliRunner().invoke(app, ["sweep", "--config", str(sweep_file)])
     assert result.exit_code == 0, result.output
+    assert "no group 'learning_rate=0.001' among the logged runs yet" in result.output
     for seed in (0, 1):
         run = out / f"seed={seed}"
         assert (run / "final" / "DONE").is_file(), (run / "train.log").read_text()[-3000:]

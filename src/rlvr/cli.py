@@ -161,8 +161,14 @@ def sweep_command(ctx: typer.Context,
         from rlvr.runs import load_groups, summarize, write_summary
 
         try:
-            csv_path, _ = write_summary(summarize(load_groups(logged)), sweep.out / "summary.csv")
-            page = write_report(logged, sweep.out / "report.html", title=f"sweep {sweep.name}")
+            groups = load_groups(logged)
+            baseline = sweep.baseline
+            if baseline is not None and baseline not in [g.label for g in groups]:  # e.g. its runs not started yet
+                typer.secho(f"no group {baseline!r} among the logged runs yet: no differences", fg=typer.colors.YELLOW,
+                            err=True)
+                baseline = None
+            csv_path, _ = write_summary(summarize(groups, baseline=baseline), sweep.out / "summary.csv")
+            page = write_report(logged, sweep.out / "report.html", title=f"sweep {sweep.name}", baseline=baseline)
             typer.echo(f"wrote {csv_path} (and .json) and {page}")
         except (ValueError, OSError) as err:
             typer.secho(f"could not write the summary and report: {err}", fg=typer.colors.YELLOW, err=True)

@@ -70,6 +70,8 @@ class SweepConfig(BaseConfig):
     parallel: int = Field(1, ge=1, description="runs at a time")
     dry_run: bool = Field(False, description="print the plan and exit")
     report: bool = Field(True, description="write summary.csv/json and report.html into out when the sweep ends")
+    baseline: str | None = Field(None, description="the group the summary and report compare every other group "
+                                 "with, as its label reads: algorithm=grpo, learning_rate=1e-05")
     prune_checkpoints: bool = Field(True, description="delete a run's checkpoints/ once it finished (final/ stays)")
 
 
@@ -86,6 +88,7 @@ class Sweep:
     base_fields: dict[str, Any]
     grid: dict[str, list[Any]]
     command: str = "train"
+    baseline: str | None = None
 
     @property
     def config_class(self):
@@ -159,10 +162,19 @@ def load_sweep(path: str | Path, overrides: list[str] | dict | None = None) -> S
             raise ConfigError(f"{path}: grid: field {k!r} has no values")
         if k in train_keys:
             raise ConfigError(f"command line: field {k!r} is swept by {path}'s grid; change the grid instead")
+    if cfg.baseline is not None:
+        field_name, _, value = cfg.baseline.partition("=")
+        if not value or field_name not in cfg.grid or field_name == "seed":
+            raise ConfigError(f"{path}: field 'baseline': {cfg.baseline!r} is not <grid field>=<value> of a grid "
+                              f"field other than seed ({', '.join(k for k in cfg.grid if k != 'seed') or 'none'})")
+        if value not in [fmt_value(v) for v in cfg.grid[field_name]]:
+            raise ConfigError(f"{path}: field 'baseline': {value!r} is not one of {field_name}'s grid values "
+                              f"({', '.join(fmt_value(v) for v in cfg.grid[field_name])})")
     name = cfg.name or path.stem
     return Sweep(source=path, name=name, out=Path(cfg.out or f"runs/sweeps/{name}"), parallel=cfg.parallel,
                  dry_run=cfg.dry_run, report=cfg.report, prune_checkpoints=cfg.prune_checkpoints,
-                 base_path=base_path, base_fields={**base, **train_keys}, grid=cfg.grid, command=cfg.command)
+                 base_path=base_path, base_fields={**base, **train_keys}, grid=cfg.grid, command=cfg.command,
+                 baseline=cfg.baseline)
 
 
 def _check_names(cfg: BaseConfig) -> None:
