@@ -450,3 +450,15 @@ def test_load_tokenizer_gives_a_tokenizer_without_pad_token_its_eos(tmp_path, ti
     tokenizer.save_pretrained(tmp_path / "with_pad")
     tiny_model.save_pretrained(tmp_path / "with_pad")
     assert models_module.load_tokenizer(str(tmp_path / "with_pad")).pad_token_id == 0
+
+
+def test_get_model_and_tokenizer_is_seed_004s_loader(model_dir, tiny_model, tokenizer):
+    import rlvr
+
+    model, tok = rlvr.get_model_and_tokenizer(str(model_dir), "cpu")
+    assert next(model.parameters()).dtype == torch.bfloat16 and next(model.parameters()).device.type == "cpu"
+    ids = tokenizer("12+7=19", add_special_tokens=False).input_ids
+    assert tok("12+7=19", add_special_tokens=False).input_ids == ids
+    expected = dict(tiny_model.named_parameters())  # the same weights, rounded to bfloat16
+    for name, value in model.named_parameters():
+        assert torch.equal(value, expected[name].detach().to(torch.bfloat16)), name

@@ -27,6 +27,9 @@ _EXPORTS = {
     "kl_penalty": "rlvr.estimators",
     "PRESETS": "rlvr.algorithms",
     "get_preset": "rlvr.algorithms",
+    # models: loading (seed 004's get_model_and_tokenizer) and a random model of the default's shape
+    "get_model_and_tokenizer": "rlvr.models",
+    "load_model": "rlvr.models",
     # policy: tokenisation, log-probs, the SFT microbatch step
     "tokenize_prompt_and_output": "rlvr.policy",
     "get_response_log_probs": "rlvr.policy",

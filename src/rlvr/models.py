@@ -172,6 +172,12 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32", device
     return model, load_tokenizer(path)
 
 
+def get_model_and_tokenizer(model_id_or_dir: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "bfloat16"):
+    """Seed 004's loader (its checkpoint.py): (model, tokenizer) with the model in bfloat16 on `device`; any
+    name `load_model` takes (hub name, saved directory, .gguf, the default model)."""
+    return load_model(model_id_or_dir, dtype, device)
+
+
 def default_config_dir() -> Path:
     """The default model's config.json and generation_config.json, shipped with rlvr (no weights): what a
     randomly initialised model of its shape is built from (GPU checks, speed measurements)."""
