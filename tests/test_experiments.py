@@ -444,7 +444,7 @@ def test_sweep_validation_names_the_file_and_the_field(tmp_path):
                       ).baseline == "learning_rate=1e-05"
 
 
-SHIPPED = {"quick_variants": 6, "lr_sweep": 12, "prompt_ablation": 9, "on_policy_variants": 15,
+SHIPPED = {"quick_variants": 6, "lr_sweep": 12, "prompt_ablation": 9, "on_policy_variants": 18,
            "off_policy_variants": 12}
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
 
@@ -545,3 +545,26 @@ def test_sweep_runs_two_seeds_end_to_end_then_skips_them(tmp_path, model_dir):
     assert "skip seed=0 (done)" in again.output and "skip seed=1 (done)" in again.output
     assert "0 ran, 2 skipped, 0 failed" in again.output
     assert (out / "seed=0" / "metrics.jsonl").stat().st_mtime_ns == stamp
+
+
+def test_seed004_results_page_follows_the_runs(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("seed004_results", SWEEPS.parent / "examples" / "seed004_results.py")
+    results = importlib.util.module_from_spec(spec)
+    sys.modules["seed004_results"] = results  # its dataclasses look their module up while it loads
+    spec.loader.exec_module(results)
+    root = tmp_path / "sweeps" / "on_policy_variants"
+    for algorithm, finals in (("grpo", (0.5, 0.6, 0.7)), ("grpo_constant", (0.2, 0.4, 0.3))):
+        for seed, final in enumerate(finals):
+            write_run(root / f"algorithm={algorithm},seed={seed}", algorithm, seed, (0.1, 0.2, final))
+    page = results.write_results(tmp_path / "sweeps", tmp_path / "docs" / "results.md").read_text()
+    # grpo [0.5, 0.6, 0.7] - grpo_constant [0.2, 0.4, 0.3]: 0.3 +- 2.7764 * sqrt(0.01 * 2/3) = 0.227
+    assert ("- sequence vs constant normalisation (grpo - grpo_constant): greedy +0.300 ± 0.227, larger than the "
+            "spread") in page
+    assert "| algorithm=grpo | 3 (3) | 0.600 ± 0.248 | 0.100 |" in page
+    assert "std normalisation on vs off (grpo_constant - dr_grpo): not measured yet (algorithm=dr_grpo has no runs)" in page
+    assert page.count("**Not run yet.**") == 3 and "rlvr sweep --config sweeps/lr_sweep.yaml" in page
+    assert "![val_reward](results/on_policy_variants/val_reward.png)" in page
+    figures = tmp_path / "docs" / "results" / "on_policy_variants"
+    assert (figures / "val_reward.png").is_file() and (figures / "report.html").is_file()

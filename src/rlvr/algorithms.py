@@ -233,6 +233,8 @@ PRESETS: dict[str, EstimatorSpec] = {
     "reinforce_with_baseline": EstimatorSpec("mean", "none", "none", "sum", summary="group-mean baseline (eq. 20)"),
     "grpo": EstimatorSpec("mean", "std", "none", "sequence", summary="GRPO on-policy (Algorithm 1, eq. 28)"),
     "grpo_constant": EstimatorSpec("mean", "std", "none", "constant", summary="GRPO with constant normalisation"),
+    "grpo_token": EstimatorSpec("mean", "std", "none", "token",
+                                summary="GRPO with the batch's token-mean loss (DAPO's aggregation)"),
     "dr_grpo": EstimatorSpec("mean", "none", "none", "constant", summary="Dr. GRPO (eq. 33)"),
     "rft": EstimatorSpec("none", "none", "none", "constant", reward_signal="correctness",
                          summary="rejection fine-tuning on correct rollouts (eq. 34)"),

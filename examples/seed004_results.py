@@ -1,0 +1,176 @@
+"""Issue 19: docs/results.md from seed 004's four sweeps, one section per question of the assignment.
+
+    .venv/bin/rlvr sweep --config sweeps/lr_sweep.yaml               # and on_policy_variants, off_policy_variants,
+    .venv/bin/python examples/seed004_results.py                     # prompt_ablation: one at a time, resumable
+
+For each sweep found under runs/sweeps/: the figures (`rlvr plot`, into docs/results/<sweep>/, the command printed
+under them), the HTML report (`rlvr report`, into docs/results/<sweep>/report.html), a table per group (final
+greedy and sampled validation accuracy, mean with a 95 % t-interval over seeds, the seeds' standard deviation,
+seconds per step, clip fraction), and the comparisons the question asks for: each pair's difference with its 95 %
+two-sample t-interval, whether it is larger than the spread, and, where it is not, how many seeds per group the
+measured variance says would resolve it. A sweep that has not run yet gets its command instead. Nothing here
+is written by hand: rerun the script after any run and the page follows the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from rlvr.plots import LR_FIGURE, build_figures, save_figures  # noqa: E402
+from rlvr.report import fmt_difference, fmt_spread, write_report  # noqa: E402
+from rlvr.runs import Group, difference, load_groups, summarize  # noqa: E402
+
+METRICS = (("final_val_accuracy", "greedy"), ("final_val_sampled_accuracy", "sampled"))
+
+
+@dataclass(frozen=True)
+class Section:
+    sweep: str
+    title: str
+    problem: str  # seed 004's problem name
+    figures: tuple[str, ...]
+    # (what the pair answers, group A, group B): A - B; "sweep:label" takes a group from another sweep
+    pairs: tuple[tuple[str, str, str], ...]
+
+
+SECTIONS = (
+    Section("lr_sweep", "Which learning rate?", "grpo_learning_rate", (LR_FIGURE, "val_reward", "val_sampled_reward"),
+            (("3e-6 vs 1e-5", "learning_rate=3e-06", "learning_rate=1e-05"),
+             ("3e-5 vs 1e-5", "learning_rate=3e-05", "learning_rate=1e-05"),
+             ("1e-4 vs 1e-5", "learning_rate=0.0001", "learning_rate=1e-05"))),
+    Section("on_policy_variants", "Normalisation, baseline, RFT and MaxRL against GRPO",
+            "grpo_experiments_variants_on_policy", ("val_reward", "val_sampled_reward", "train_response_length"),
+            (("sequence vs constant normalisation (grpo - grpo_constant)", "algorithm=grpo", "algorithm=grpo_constant"),
+             ("token-mean vs constant normalisation (grpo_token - grpo_constant)", "algorithm=grpo_token",
+              "algorithm=grpo_constant"),
+             ("std normalisation on vs off (grpo_constant - dr_grpo)", "algorithm=grpo_constant", "algorithm=dr_grpo"),
+             ("a baseline vs none (dr_grpo - rft)", "algorithm=dr_grpo", "algorithm=rft"),
+             ("RFT vs GRPO", "algorithm=rft", "algorithm=grpo"),
+             ("MaxRL vs GRPO", "algorithm=maxrl", "algorithm=grpo"))),
+    Section("off_policy_variants", "Off-policy steps: naive vs no clip vs clip vs GSPO", "grpo_experiments_off_policy",
+            ("val_reward", "val_sampled_reward", "clip_fraction"),
+            (("naive vs clip", "algorithm=offpolicy_naive", "algorithm=offpolicy_clip"),
+             ("no clip vs clip", "algorithm=offpolicy_noclip", "algorithm=offpolicy_clip"),
+             ("GSPO vs clip", "algorithm=offpolicy_gspo", "algorithm=offpolicy_clip"),
+             ("clip (4 steps a rollout) vs on-policy GRPO", "algorithm=offpolicy_clip",
+              "on_policy_variants:algorithm=grpo"))),
+    Section("prompt_ablation", "Which prompt?", "grpo_prompt_ablation",
+            ("val_reward", "val_sampled_reward", "val_response_length"),
+            (("question_only vs r1_zero", "prompt=question_only", "prompt=r1_zero"),
+             ("r1_zero three-shot vs r1_zero", "prompt=r1_zero_three_shot", "prompt=r1_zero"))),
+)
+
+
+def _median_step_seconds(group: Group) -> float | None:
+    times = [t for run in group.runs for t in run.series("time/step").values()]
+    return statistics.median(times) if times else None
+
+
+def _mean_clip_fraction(group: Group) -> float | None:
+    values = [v for run in group.runs for v in run.series("train/clip_fraction").values()]
+    return sum(values) / len(values) if values else None
+
+
+def _finals(summary, label: str, metric: str) -> list[float]:
+    return [getattr(r, metric) for r in summary.runs if r.group == label and getattr(r, metric) is not None]
+
+
+def section_markdown(section: Section, sweeps_root: Path, out_dir: Path, loaded: dict) -> str:
+    root = sweeps_root / section.sweep
+    head = f"## {section.title}\n\nSeed 004 problem `{section.problem}`; sweep `sweeps/{section.sweep}.yaml`.\n"
+    if section.sweep not in loaded:
+        return head + (f"\n**Not run yet.** `rlvr sweep --config sweeps/{section.sweep}.yaml`, then this script.\n")
+    groups, summary = loaded[section.sweep]
+    figures_dir = out_dir / section.sweep
+    figures = build_figures(groups)
+    save_figures({k: v for k, v in figures.items() if k in section.figures}, figures_dir)
+    page = write_report([root], figures_dir / "report.html", title=f"seed 004: {section.sweep}")
+    lines = [head]  # image paths relative to the page, which sits next to out_dir
+    lines += [f"![{name}]({out_dir.name}/{section.sweep}/{name}.png)" for name in section.figures if name in figures]
+    lines.append(f"\n`rlvr plot {root} --out {figures_dir}` · report: [{section.sweep}/report.html]"
+                 f"({out_dir.name}/{section.sweep}/report.html) (`rlvr report {root} --out {page}`)\n")
+    lines.append("| group | runs (finished) | final greedy accuracy | std | final sampled accuracy | std | s / step | "
+                 "clip fraction |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for g, gs in zip(groups, summary.groups):
+        cells = [gs.group, f"{gs.n_runs} ({gs.n_finished})"]
+        for metric, _ in METRICS:
+            s = gs.stats[metric]
+            cells += [fmt_spread(s), f"{s.std:.3f}" if s is not None and s.n > 1 else "-"]
+        seconds, clip = _median_step_seconds(g), _mean_clip_fraction(g)
+        cells += [f"{seconds:.1f}" if seconds is not None else "-", f"{clip:.3f}" if clip is not None else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("\nMean ± 95 % t-interval over seeds (t(0.975, n-1)·s/√n). Differences (A - B, 95 % two-sample "
+                 "t-interval, pooled variance):\n")
+    resolved, hidden = [], []
+    for what, a, b in section.pairs:
+        a_summary, a_label = _resolve(a, section.sweep, loaded)
+        b_summary, b_label = _resolve(b, section.sweep, loaded)
+        if a_summary is None or b_summary is None:
+            lines.append(f"- {what}: not measured yet ({a if a_summary is None else b} has no runs)")
+            continue
+        parts = []
+        for metric, name in METRICS:
+            xa, xb = _finals(a_summary, a_label, metric), _finals(b_summary, b_label, metric)
+            if not xa or not xb:
+                continue
+            d = difference(xa, xb)
+            parts.append(f"{name} {fmt_difference(d)}")
+            (resolved if d.resolved else hidden).append(f"{what} ({name})")
+        lines.append(f"- {what}: " + "; ".join(parts) if parts else f"- {what}: no validation logged yet")
+    lines.append("\n**Larger than the spread:** " + (", ".join(resolved) if resolved else "none") + ". "
+                 "**Within it:** " + (", ".join(hidden) if hidden else "none") + ".\n")
+    return "\n".join(lines)
+
+
+def _resolve(ref: str, sweep: str, loaded: dict):
+    name, _, label = ref.rpartition(":") if ":" in ref else (sweep, "", ref)
+    if name not in loaded:
+        return None, label
+    summary = loaded[name][1]
+    return (summary, label) if any(g.group == label for g in summary.groups) else (None, label)
+
+
+def load_sweeps(sweeps_root: Path) -> dict:
+    loaded = {}
+    for section in SECTIONS:
+        root = sweeps_root / section.sweep
+        if root.is_dir() and any(root.glob("*/metrics.jsonl")):
+            groups = load_groups([root])
+            loaded[section.sweep] = (groups, summarize(groups))
+    return loaded
+
+
+def write_results(sweeps_root: Path = Path("runs/sweeps"), out: Path = Path("docs/results.md")) -> Path:
+    out_dir = out.parent / "results"
+    loaded = load_sweeps(sweeps_root)
+    body = [
+        "# Seed 004's experiments: which estimator wins, with its spread",
+        "",
+        "Arithmetic task, from the arithmetic SFT checkpoint (configs/grpo_arithmetic.yaml: 64 rollouts = 8 "
+        "questions x 8 a step, 20 steps, greedy and sampled validation on 300 held-out questions), 3 seeds per "
+        "configuration. Written by `examples/seed004_results.py` from the runs under "
+        f"`{sweeps_root}`; the wall time of every run is in docs/experiment_log.md.",
+        "",
+    ]
+    body += [section_markdown(s, sweeps_root, out_dir, loaded) for s in SECTIONS]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(body), encoding="utf-8")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sweeps", type=Path, default=Path("runs/sweeps"), help="where the sweeps' runs are")
+    parser.add_argument("--out", type=Path, default=Path("docs/results.md"))
+    args = parser.parse_args(argv)
+    print(f"wrote {write_results(args.sweeps, args.out)}")
+
+
+if __name__ == "__main__":
+    main()
