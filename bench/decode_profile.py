@@ -1,6 +1,7 @@
 """Where one decode step of the rollout engine spends its time (issue 20, deliverable 1).
 
     .venv/bin/python bench/decode_profile.py [--batches 16,64] [--dtypes bfloat16,float32] [--steps 12] [--path hf|fast]
+                                             [--samples G]
 
 For each batch size and dtype: the default model (SmolLM2-135M-Instruct) prefills B r1_zero GSM8K prompts
 through `HFEngine`'s own path, then decodes --steps tokens under torch.profiler (after 3 warm-up steps). Every
@@ -16,7 +17,7 @@ cache read once at the measured copy bandwidth.
 --path hf (default) profiles the transformers forward the engine used before rlvr.decode_llama; --path fast
 profiles rlvr's own decode step (its matmuls are not in modules, so they land in "other matmuls"). Each row
 attends to a prompt of ~150-200 tokens plus what it generated, as in an r1_zero rollout (1 sample per prompt:
-no shared prefix to exploit).
+no shared prefix to exploit; `--samples G` decodes B / G prompts x G on the fast path, as an RL rollout batch).
 
 Output: a table per (batch, dtype): bucket, ms per step, share; then the step's wall time, its floor and
 the ratio. The profiler and the module hooks inflate the profiled times (the unprofiled step time is printed).
@@ -107,7 +108,8 @@ def copy_bandwidth_gbs(megabytes: int = 512) -> float:
     return 2 * 5 * src.numel() / (time.perf_counter() - start) / 1e9
 
 
-def profile_case(model_path: str, batch: int, dtype_name: str, steps: int, threads: int, path: str = "hf") -> dict:
+def profile_case(model_path: str, batch: int, dtype_name: str, steps: int, threads: int, path: str = "hf",
+                 samples: int = 1) -> dict:
     import torch
 
     from rlvr.decode_llama import LlamaDecoder
@@ -118,11 +120,13 @@ def profile_case(model_path: str, batch: int, dtype_name: str, steps: int, threa
     model, tokenizer = load_model(model_path)
     engine = HFEngine(model, tokenizer, batch_size=batch, dtype=dtype_name)
     net = engine.model
-    prompts = gsm8k_prompts(batch)[0]
+    if batch % samples or (samples > 1 and path != "fast"):
+        raise SystemExit(f"--samples {samples}: the batch ({batch}) must be a multiple of it, on --path fast")
+    prompts = gsm8k_prompts(batch // samples)[0]  # each prompt's samples share its prefill and its KV prefix
     encoded = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
     width = max(map(len, encoded))
-    ids = torch.full((batch, width), engine.pad_id, dtype=torch.long)
-    attention = torch.zeros((batch, width), dtype=torch.long)
+    ids = torch.full((len(encoded), width), engine.pad_id, dtype=torch.long)
+    attention = torch.zeros((len(encoded), width), dtype=torch.long)
     for i, e in enumerate(encoded):
         ids[i, width - len(e):] = torch.tensor(e)
         attention[i, width - len(e):] = 1
@@ -136,10 +140,11 @@ def profile_case(model_path: str, batch: int, dtype_name: str, steps: int, threa
     def decode(steps_: int, on_step=None) -> list[float]:
         """Prefill, then decode steps_ tokens; wall seconds of each step after 3 warm-up steps."""
         walls, attention_now = [], attention
-        cache = preallocated_cache(width + steps_ + 8)
-        logits = engine._forward(ids, attention_now, cache)
+        cache = preallocated_cache(width if samples > 1 else width + steps_ + 8)
+        logits = engine._forward(ids, attention_now, cache).repeat_interleave(samples, dim=0)
         if decoder is not None:
-            state, positions = decoder.start(cache, attention, 1, steps_ + 8), attention.sum(-1)
+            state = decoder.start(cache, attention, samples, steps_ + 8)
+            positions = attention.sum(-1).repeat_interleave(samples)
         for step in range(steps_):
             profiler = on_step(step) if on_step else None
             t0 = time.perf_counter()
@@ -191,10 +196,12 @@ def profile_case(model_path: str, batch: int, dtype_name: str, steps: int, threa
     # the roofline: the step's matmuls alone (weights streamed), plus reading every row's KV cache once at the
     # copy bandwidth (each row attends to its prompt plus the tokens so far: about width + steps / 2 columns)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kv_bytes = (2 * batch * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * (width + 3 + steps / 2)
+    # with samples > 1 a prompt's prefix is read once for its samples (shared-prefix attention)
+    columns = len(encoded) * width + batch * (3 + steps / 2) if samples > 1 else batch * (width + 3 + steps / 2)
+    kv_bytes = (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * columns
                 * torch.finfo(getattr(torch, dtype_name)).bits / 8)
     matmuls_ms, bandwidth = streamed_matmuls_ms(net, batch), copy_bandwidth_gbs()
-    return {"batch": batch, "dtype": dtype_name, "wall_ms": wall_ms, "plain_ms": plain_ms, "buckets": per_step,
+    return {"batch": batch, "samples": samples, "dtype": dtype_name, "wall_ms": wall_ms, "plain_ms": plain_ms, "buckets": per_step,
             "floor_ms": floor_ms, "rate_gflops": rate, "matmuls_ms": matmuls_ms, "kv_gb": kv_bytes / 1e9,
             "bandwidth_gbs": bandwidth, "roofline_ms": matmuls_ms + kv_bytes / 1e9 / bandwidth * 1000}
 
@@ -224,12 +231,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=cores())
     parser.add_argument("--model", default="SmolLM2-135M-Instruct")
     parser.add_argument("--path", choices=("hf", "fast"), default="hf", help="transformers forward or rlvr's decode step")
+    parser.add_argument("--samples", type=int, default=1, help="rows per prompt (--path fast): B / samples prompts, "
+                        "as an RL rollout batch (GSM8K recipe: 16)")
     args = parser.parse_args()
     print(machine())
     for batch in map(int, args.batches.split(",")):
         for dtype in args.dtypes.split(","):
-            r = profile_case(args.model, batch, dtype, args.steps, args.threads, args.path)
-            print(f"\n--- {args.path} path, batch {batch}, {dtype}: {r['plain_ms']:.1f} ms per decode step ({r['wall_ms']:.1f} under the "
+            r = profile_case(args.model, batch, dtype, args.steps, args.threads, args.path, args.samples)
+            print(f"\n--- {args.path} path, batch {batch} ({batch // args.samples} prompts x {args.samples}), {dtype}: {r['plain_ms']:.1f} ms per decode step ({r['wall_ms']:.1f} under the "
                   f"profiler), floor {r['floor_ms']:.1f} ms at {r['rate_gflops']:.0f} GFLOP/s -> "
                   f"{r['plain_ms'] / r['floor_ms']:.1f}x the floor")
             print(f"    roofline {r['roofline_ms']:.1f} ms = the step's matmuls alone, weights streamed "
