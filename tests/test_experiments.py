@@ -21,7 +21,7 @@ from rlvr.runs import (
     differing_fields, group_runs, label_fields, load_groups, load_runs, metric_series, per_step_spread, spread,
     summarize, write_summary,
 )
-from rlvr.sweep import LOCK, _prepare, expand_grid, load_sweep, plan_sweep, run_name, run_status
+from rlvr.sweep import LOCK, _prepare, expand_grid, load_sweep, plan_sweep, run_name, run_status, run_sweep
 from rlvr.tracking import read_jsonl
 
 # ----------------------------------------------------------------------------------------------------
@@ -545,6 +545,26 @@ def test_sweep_runs_two_seeds_end_to_end_then_skips_them(tmp_path, model_dir):
     assert "skip seed=0 (done)" in again.output and "skip seed=1 (done)" in again.output
     assert "0 ran, 2 skipped, 0 failed" in again.output
     assert (out / "seed=0" / "metrics.jsonl").stat().st_mtime_ns == stamp
+
+    # another sweep with the same runs reuses them (a third seed and another learning rate have no twin)
+    other = tmp_path / "other"
+    twin = write_sweep(tmp_path / "sweeps" / "twin.yaml", {"learning_rate": [1e-3, 1e-2], "seed": [0, 1, 2]},
+                       out=str(other), base={**BASE, "model": str(model_dir), "save_every": 1}, reuse=[str(out)])
+    plan = {r.name: r for r in plan_sweep(load_sweep(twin))}
+    assert [n for n, r in plan.items() if r.status == "reuse"] == ["learning_rate=0.001,seed=0",
+                                                                  "learning_rate=0.001,seed=1"]
+    assert plan["learning_rate=0.001,seed=1"].source == out / "seed=1"
+    assert plan["learning_rate=0.001,seed=2"].status == plan["learning_rate=0.01,seed=0"].status == "new"
+    reused = [r for r in plan.values() if r.status == "reuse"]
+    outcomes = run_sweep(load_sweep(twin), reused, echo=lambda line: None)
+    assert [o.result for o in outcomes] == ["reused", "reused"]
+    copy = other / "learning_rate=0.001,seed=1"
+    assert (copy / "final").resolve() == (out / "seed=1" / "final").resolve() and (copy / "REUSED").is_file()
+    assert read_jsonl(copy / "metrics.jsonl") == read_jsonl(out / "seed=1" / "metrics.jsonl")
+    assert yaml.safe_load((copy / "config.yaml").read_text())["out"] == str(copy)
+    assert run_status(copy, plan["learning_rate=0.001,seed=1"].config) == ("done", "")
+    summary = summarize(load_groups([other]))
+    assert [(r.seed, r.finished) for r in summary.runs] == [(0, True), (1, True)]
 
 
 def test_seed004_results_page_follows_the_runs(tmp_path):

@@ -21,6 +21,8 @@ Each grid point runs in <out>/<field=value,...>, named from the grid fields with
     restart   logs but no checkpoint (stopped before its first save): the old logs are renamed to
               <name>.interrupted-<time> and the run starts from the beginning
     done      final/DONE exists: skipped
+    reuse     new, but a finished run with the same config exists under one of the file's `reuse` directories
+              (another sweep): its logs are copied and its final model linked instead of training again
     running   another sweep process holds the run's lock: skipped
     changed   the directory holds a run of a different config: the sweep refuses to start
 
@@ -72,6 +74,9 @@ class SweepConfig(BaseConfig):
     report: bool = Field(True, description="write summary.csv/json and report.html into out when the sweep ends")
     baseline: str | None = Field(None, description="the group the summary and report compare every other group "
                                  "with, as its label reads: algorithm=grpo, learning_rate=1e-05")
+    reuse: list[str] = Field([], description="other sweeps' out directories: a finished run there whose config "
+                             "equals a new run's (out aside) is reused instead of trained again (its logs copied, "
+                             "its final model linked)")
     prune_checkpoints: bool = Field(True, description="delete a run's checkpoints/ once it finished (final/ stays)")
 
 
@@ -89,6 +94,7 @@ class Sweep:
     grid: dict[str, list[Any]]
     command: str = "train"
     baseline: str | None = None
+    reuse: tuple[Path, ...] = ()
 
     @property
     def config_class(self):
@@ -104,6 +110,7 @@ class PlannedRun:
     status: str = "new"
     detail: str = ""
     command: str = "train"
+    source: Path | None = None  # status reuse: the finished run with this config
 
 
 def expand_grid(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -174,7 +181,7 @@ def load_sweep(path: str | Path, overrides: list[str] | dict | None = None) -> S
     return Sweep(source=path, name=name, out=Path(cfg.out or f"runs/sweeps/{name}"), parallel=cfg.parallel,
                  dry_run=cfg.dry_run, report=cfg.report, prune_checkpoints=cfg.prune_checkpoints,
                  base_path=base_path, base_fields={**base, **train_keys}, grid=cfg.grid, command=cfg.command,
-                 baseline=cfg.baseline)
+                 baseline=cfg.baseline, reuse=tuple(Path(p) for p in cfg.reuse))
 
 
 def _check_names(cfg: BaseConfig) -> None:
@@ -237,7 +244,7 @@ def _config_changes(run_dir: Path, cfg: BaseConfig) -> list[str]:
     if not path.is_file():
         return []
     old = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    new = cfg.model_dump(mode="json")
+    new = cfg.model_dump(mode="json", by_alias=True)  # as config.yaml spells its fields (async, not async_)
     return [f"{k}: {fmt_value(old[k])} in the run dir, {fmt_value(new[k])} in the sweep"
             for k in new if k in old and k not in ("out", "resume") and freeze(old[k]) != freeze(new[k])]
 
@@ -271,7 +278,40 @@ def plan_sweep(sweep: Sweep) -> list[PlannedRun]:
     runs = build_configs(sweep)
     for r in runs:
         r.status, r.detail = run_status(r.path, r.config)
+        if r.status == "new" and sweep.reuse:
+            r.source = reusable_run(r, sweep.reuse)
+            if r.source is not None:
+                r.status, r.detail = "reuse", f"the finished run {r.source}"
     return runs
+
+
+def reusable_run(run: PlannedRun, roots: Sequence[Path]) -> Path | None:
+    """A finished run under one of `roots` whose config.yaml has exactly the planned run's fields and values
+    (out and resume aside): the same computation, so its result is this run's."""
+    new = {k: freeze(v) for k, v in run.config.model_dump(mode="json", by_alias=True).items()
+           if k not in ("out", "resume")}
+    for root in roots:
+        for path in sorted(root.glob("*/config.yaml")):
+            source = path.parent
+            if source.resolve() == run.path.resolve() or ckpt.finished_model(source) is None:
+                continue
+            old = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            if {k: freeze(v) for k, v in old.items() if k not in ("out", "resume")} == new:
+                return source
+    return None
+
+
+def _reuse(run: PlannedRun) -> None:
+    """Make run.path the reused run: its config (with this out), copies of its logs, a link to its final model,
+    and REUSED naming the source."""
+    source = run.source
+    run.path.mkdir(parents=True, exist_ok=True)
+    for item in source.iterdir():
+        if item.is_file() and item.suffix == ".jsonl":
+            shutil.copy2(item, run.path / item.name)
+    run.config.save(run.path / "config.yaml")
+    (run.path / "final").symlink_to((source / "final").resolve(), target_is_directory=True)
+    (run.path / "REUSED").write_text(json.dumps({"source": str(source)}) + "\n", encoding="utf-8")
 
 
 def format_plan(sweep: Sweep, plan: Sequence[PlannedRun]) -> str:
@@ -292,7 +332,7 @@ class RunOutcome:
     name: str
     path: Path
     status: str  # the planned status
-    result: str  # done | skipped | failed | interrupted
+    result: str  # done | skipped | failed | interrupted | reused
     returncode: int | None = None
     seconds: float = 0.0
     val_accuracy: float | None = None
@@ -441,9 +481,14 @@ def run_sweep(sweep: Sweep, plan: Sequence[PlannedRun], echo: Callable[[str], No
         raise ConfigError(f"{sweep.source}: these run directories hold runs of another config; delete them or "
                           "choose another out:\n" + "\n".join(f"  {r.path}: {r.detail}" for r in changed))
     todo = [r for r in plan if r.status in ("new", "resume", "restart")]
-    outcomes = [RunOutcome(r.name, r.path, r.status, "skipped") for r in plan if r not in todo]
+    outcomes = [RunOutcome(r.name, r.path, r.status, "skipped") for r in plan if r not in todo and r.status != "reuse"]
     for o in outcomes:
         echo(f"skip {o.name} ({o.status})")
+    for r in plan:
+        if r.status == "reuse":
+            _reuse(r)
+            outcomes.append(RunOutcome(r.name, r.path, r.status, "reused", val_accuracy=_final_accuracy(r.path)))
+            echo(f"reuse {r.name}: {r.detail}")
     env = child_env(sweep.parallel, env)
     pending, active = list(enumerate(todo, start=1)), []
     last_progress = time.monotonic()
@@ -476,6 +521,8 @@ def format_outcomes(outcomes: Sequence[RunOutcome]) -> str:
         took = f"{o.seconds / 60:.1f} min" if o.seconds else ""
         lines.append(f"  {o.result:<8} {o.name:<40} {took:>9}  {acc}".rstrip())
     failed = sum(o.result == "failed" for o in outcomes)
+    reused = sum(o.result == "reused" for o in outcomes)
     lines.append(f"  {len(outcomes)} runs: {sum(o.result == 'done' for o in outcomes)} ran, "
-                 f"{sum(o.result == 'skipped' for o in outcomes)} skipped, {failed} failed")
+                 f"{sum(o.result == 'skipped' for o in outcomes)} skipped, {failed} failed"
+                 + (f", {reused} reused" if reused else ""))
     return "\n".join(lines)
