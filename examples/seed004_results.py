@@ -85,11 +85,11 @@ def section_markdown(section: Section, sweeps_root: Path, out_dir: Path, loaded:
     head = f"## {section.title}\n\nSeed 004 problem `{section.problem}`; sweep `sweeps/{section.sweep}.yaml`.\n"
     if section.sweep not in loaded:
         return head + (f"\n**Not run yet.** `rlvr sweep --config sweeps/{section.sweep}.yaml`, then this script.\n")
-    groups, summary = loaded[section.sweep]
+    groups, summary, unfinished = loaded[section.sweep]
     figures_dir = out_dir / section.sweep
     figures = build_figures(groups)
     save_figures({k: v for k, v in figures.items() if k in section.figures}, figures_dir)
-    page = write_report([root], figures_dir / "report.html", title=f"seed 004: {section.sweep}")
+    page = write_report([root], figures_dir / "report.html", title=f"seed 004: {section.sweep}")  # every run
     lines = [head]  # image paths relative to the page, which sits next to out_dir
     lines += [f"![{name}]({out_dir.name}/{section.sweep}/{name}.png)" for name in section.figures if name in figures]
     lines.append(f"\n`rlvr plot {root} --out {figures_dir}` · report: [{section.sweep}/report.html]"
@@ -105,6 +105,8 @@ def section_markdown(section: Section, sweeps_root: Path, out_dir: Path, loaded:
         seconds, clip = _median_step_seconds(g), _mean_clip_fraction(g)
         cells += [f"{seconds:.1f}" if seconds is not None else "-", f"{clip:.3f}" if clip is not None else "-"]
         lines.append("| " + " | ".join(cells) + " |")
+    if unfinished:
+        lines.append(f"\nNot counted yet (unfinished): {', '.join(unfinished)}.")
     lines.append("\nMean ± 95 % t-interval over seeds (t(0.975, n-1)·s/√n). Differences (A - B, 95 % two-sample "
                  "t-interval, pooled variance):\n")
     resolved, hidden = [], []
@@ -112,7 +114,7 @@ def section_markdown(section: Section, sweeps_root: Path, out_dir: Path, loaded:
         a_summary, a_label = _resolve(a, section.sweep, loaded)
         b_summary, b_label = _resolve(b, section.sweep, loaded)
         if a_summary is None or b_summary is None:
-            lines.append(f"- {what}: not measured yet ({a if a_summary is None else b} has no runs)")
+            lines.append(f"- {what}: not measured yet ({a if a_summary is None else b} has no finished runs)")
             continue
         parts = []
         for metric, name in METRICS:
@@ -132,17 +134,24 @@ def _resolve(ref: str, sweep: str, loaded: dict):
     name, _, label = ref.rpartition(":") if ":" in ref else (sweep, "", ref)
     if name not in loaded:
         return None, label
-    summary = loaded[name][1]
+    summary = loaded[name][1]  # finished runs only
     return (summary, label) if any(g.group == label for g in summary.groups) else (None, label)
 
 
 def load_sweeps(sweeps_root: Path) -> dict:
+    """sweep -> (groups, summary, unfinished runs left out): only finished runs count, since an unfinished run's
+    last validation is not its final one."""
     loaded = {}
     for section in SECTIONS:
         root = sweeps_root / section.sweep
         if root.is_dir() and any(root.glob("*/metrics.jsonl")):
             groups = load_groups([root])
-            loaded[section.sweep] = (groups, summarize(groups))
+            unfinished = [r.name for g in groups for r in g.runs if not r.finished]
+            for g in groups:
+                g.runs = [r for r in g.runs if r.finished]
+            groups = [g for g in groups if g.runs]
+            if groups:
+                loaded[section.sweep] = (groups, summarize(groups), unfinished)
     return loaded
 
 

@@ -578,12 +578,15 @@ def test_seed004_results_page_follows_the_runs(tmp_path):
     for algorithm, finals in (("grpo", (0.5, 0.6, 0.7)), ("grpo_constant", (0.2, 0.4, 0.3))):
         for seed, final in enumerate(finals):
             write_run(root / f"algorithm={algorithm},seed={seed}", algorithm, seed, (0.1, 0.2, final))
+    write_run(root / "algorithm=maxrl,seed=0", "maxrl", 0, (0.1, 0.9), finished=False)  # not counted yet
     page = results.write_results(tmp_path / "sweeps", tmp_path / "docs" / "results.md").read_text()
+    assert "Not counted yet (unfinished): algorithm=maxrl,seed=0." in page
+    assert "MaxRL vs GRPO: not measured yet (algorithm=maxrl has no finished runs)" in page
     # grpo [0.5, 0.6, 0.7] - grpo_constant [0.2, 0.4, 0.3]: 0.3 +- 2.7764 * sqrt(0.01 * 2/3) = 0.227
     assert ("- sequence vs constant normalisation (grpo - grpo_constant): greedy +0.300 ± 0.227, larger than the "
             "spread") in page
     assert "| algorithm=grpo | 3 (3) | 0.600 ± 0.248 | 0.100 |" in page
-    assert "std normalisation on vs off (grpo_constant - dr_grpo): not measured yet (algorithm=dr_grpo has no runs)" in page
+    assert "std normalisation on vs off (grpo_constant - dr_grpo): not measured yet (algorithm=dr_grpo has no finished runs)" in page
     assert page.count("**Not run yet.**") == 3 and "rlvr sweep --config sweeps/lr_sweep.yaml" in page
     assert "![val_reward](results/on_policy_variants/val_reward.png)" in page
     figures = tmp_path / "docs" / "results" / "on_policy_variants"
