@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from rlvr.plots import LR_FIGURE, build_figures, save_figures  # noqa: E402
-from rlvr.report import fmt_difference, fmt_spread, write_report  # noqa: E402
-from rlvr.runs import Group, difference, load_groups, summarize  # noqa: E402
+from rlvr.report import DIFFERENCE_METRICS, fmt_difference, fmt_spread, write_report  # noqa: E402
+from rlvr.runs import Group, difference, group_values, load_groups, summarize  # noqa: E402
 
-METRICS = (("final_val_accuracy", "greedy"), ("final_val_sampled_accuracy", "sampled"))
+METRICS = tuple(zip(DIFFERENCE_METRICS, ("greedy", "sampled")))  # final greedy and sampled validation accuracy
 
 
 @dataclass(frozen=True)
@@ -76,10 +76,6 @@ def _mean_clip_fraction(group: Group) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _finals(summary, label: str, metric: str) -> list[float]:
-    return [getattr(r, metric) for r in summary.runs if r.group == label and getattr(r, metric) is not None]
-
-
 def section_markdown(section: Section, sweeps_root: Path, out_dir: Path, loaded: dict) -> str:
     root = sweeps_root / section.sweep
     head = f"## {section.title}\n\nSeed 004 problem `{section.problem}`; sweep `sweeps/{section.sweep}.yaml`.\n"
@@ -118,7 +114,7 @@ def section_markdown(section: Section, sweeps_root: Path, out_dir: Path, loaded:
             continue
         parts = []
         for metric, name in METRICS:
-            xa, xb = _finals(a_summary, a_label, metric), _finals(b_summary, b_label, metric)
+            xa, xb = group_values(a_summary, a_label, metric), group_values(b_summary, b_label, metric)
             if not xa or not xb:
                 continue
             d = difference(xa, xb)

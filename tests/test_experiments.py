@@ -460,7 +460,9 @@ def test_shipped_sweep_files_expand_into_valid_runs(name, tmp_path, monkeypatch)
         raw["base"].pop("config")
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(raw))
-    plan = plan_sweep(load_sweep(path, [f"out={tmp_path / 'runs'}"]))
+    # the sweeps it reuses from, looked for under tmp_path, so that runs in this checkout do not turn "new" to "reuse"
+    reuse = json.dumps([str(tmp_path / p) for p in raw.get("reuse", [])])
+    plan = plan_sweep(load_sweep(path, [f"out={tmp_path / 'runs'}", f"reuse={reuse}"]))
     assert len(plan) == SHIPPED[name] and {r.status for r in plan} == {"new"}
     assert sorted({r.config.seed for r in plan}) == sorted(raw["grid"]["seed"]) and len(raw["grid"]["seed"]) >= 2
 

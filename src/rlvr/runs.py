@@ -125,12 +125,11 @@ def difference(a: Sequence[float], b: Sequence[float]) -> Difference:
     na, nb = len(a), len(b)
     if na == 0 or nb == 0:
         raise ValueError("a difference needs values on both sides")
-    delta = sum(a) / na - sum(b) / nb
-    df = na + nb - 2
-    if df < 1 or na < 2 and nb < 2:  # no run-to-run variance measured on either side
-        return Difference(delta, math.nan, max(df, 0), None)
-    squares = sum((x - sum(a) / na) ** 2 for x in a) + sum((x - sum(b) / nb) ** 2 for x in b)
-    variance = squares / df
+    mean_a, mean_b = sum(a) / na, sum(b) / nb
+    delta, df = mean_a - mean_b, na + nb - 2
+    if df < 1:  # one run a side: no run-to-run variance measured
+        return Difference(delta, math.nan, 0, None)
+    variance = (sum((x - mean_a) ** 2 for x in a) + sum((x - mean_b) ** 2 for x in b)) / df
     half = t_quantile(df) * math.sqrt(variance * (1 / na + 1 / nb))
     return Difference(delta, half, df, runs_to_resolve(delta, variance))
 
@@ -359,16 +358,25 @@ def summarize(groups: Sequence[Group], baseline: str | None = None) -> Summary:
     return summary
 
 
+def group_values(summary: Summary, group: str, metric: str) -> list[float]:
+    """One summary number (a SUMMARY_METRICS name) of every run of a group that has it."""
+    return [getattr(r, metric) for r in summary.runs if r.group == group and getattr(r, metric) is not None]
+
+
 def compare_to(summary: Summary, baseline: str) -> list[GroupDifference]:
     labels = [g.group for g in summary.groups]
     if baseline not in labels:
         raise ValueError(f"no group is labelled {baseline!r}; the groups are: {', '.join(map(repr, labels))}")
-    values = {g: {m: [getattr(r, m) for r in summary.runs if r.group == g and getattr(r, m) is not None]
-                  for m in SUMMARY_METRICS} for g in labels}
-    return [GroupDifference(g, baseline, {m: difference(values[g][m], values[baseline][m])
-                                          if values[g][m] and values[baseline][m] else None
-                                          for m in SUMMARY_METRICS})
-            for g in labels if g != baseline]
+    out = []
+    for g in labels:
+        if g == baseline:
+            continue
+        stats = {}
+        for m in SUMMARY_METRICS:
+            xs, base = group_values(summary, g, m), group_values(summary, baseline, m)
+            stats[m] = difference(xs, base) if xs and base else None
+        out.append(GroupDifference(g, baseline, stats))
+    return out
 
 
 def summary_rows(summary: Summary) -> list[dict]:

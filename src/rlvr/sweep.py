@@ -239,14 +239,23 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+def _saved_config(run_dir: Path) -> dict:
+    """A run directory's config.yaml, without the bookkeeping fields (out, resume) two runs of one config differ in."""
+    values = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
+    return {k: v for k, v in values.items() if k not in ("out", "resume")}
+
+
+def _planned_config(cfg: BaseConfig) -> dict:
+    """The same for a planned run, its fields spelled as config.yaml spells them (async, not async_)."""
+    return {k: v for k, v in cfg.model_dump(mode="json", by_alias=True).items() if k not in ("out", "resume")}
+
+
 def _config_changes(run_dir: Path, cfg: BaseConfig) -> list[str]:
-    path = run_dir / "config.yaml"
-    if not path.is_file():
+    if not (run_dir / "config.yaml").is_file():
         return []
-    old = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    new = cfg.model_dump(mode="json", by_alias=True)  # as config.yaml spells its fields (async, not async_)
+    old, new = _saved_config(run_dir), _planned_config(cfg)
     return [f"{k}: {fmt_value(old[k])} in the run dir, {fmt_value(new[k])} in the sweep"
-            for k in new if k in old and k not in ("out", "resume") and freeze(old[k]) != freeze(new[k])]
+            for k in new if k in old and freeze(old[k]) != freeze(new[k])]
 
 
 def run_status(run_dir: Path, cfg: BaseConfig) -> tuple[str, str]:
@@ -288,15 +297,13 @@ def plan_sweep(sweep: Sweep) -> list[PlannedRun]:
 def reusable_run(run: PlannedRun, roots: Sequence[Path]) -> Path | None:
     """A finished run under one of `roots` whose config.yaml has exactly the planned run's fields and values
     (out and resume aside): the same computation, so its result is this run's."""
-    new = {k: freeze(v) for k, v in run.config.model_dump(mode="json", by_alias=True).items()
-           if k not in ("out", "resume")}
+    new = {k: freeze(v) for k, v in _planned_config(run.config).items()}
     for root in roots:
         for path in sorted(root.glob("*/config.yaml")):
             source = path.parent
             if source.resolve() == run.path.resolve() or ckpt.finished_model(source) is None:
                 continue
-            old = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-            if {k: freeze(v) for k, v in old.items() if k not in ("out", "resume")} == new:
+            if {k: freeze(v) for k, v in _saved_config(source).items()} == new:
                 return source
     return None
 
