@@ -3,7 +3,9 @@
     .venv/bin/rlvr sweep --config sweeps/lr_sweep.yaml               # and on_policy_variants, off_policy_variants,
     .venv/bin/python examples/seed004_results.py                     # prompt_ablation: one at a time, resumable
 
-For each sweep found under runs/sweeps/: the figures (`rlvr plot`, into docs/results/<sweep>/, the command printed
+It reads the sweeps' records (results/<sweep>/: every finished run's logs, committed with the code, so the page can
+be rebuilt from a fresh checkout and a sweep longer than one machine's session accumulates there). For each sweep:
+the figures (`rlvr plot`, into docs/results/<sweep>/, the command printed
 under them), the HTML report (`rlvr report`, into docs/results/<sweep>/report.html), a table per group (final
 greedy and sampled validation accuracy, mean with a 95 % t-interval over seeds, the seeds' standard deviation,
 seconds per step, clip fraction), and the comparisons the question asks for: each pair's difference with its 95 %
@@ -151,7 +153,7 @@ def load_sweeps(sweeps_root: Path) -> dict:
     return loaded
 
 
-def write_results(sweeps_root: Path = Path("runs/sweeps"), out: Path = Path("docs/results.md")) -> Path:
+def write_results(sweeps_root: Path = Path("results"), out: Path = Path("docs/results.md")) -> Path:
     out_dir = out.parent / "results"
     loaded = load_sweeps(sweeps_root)
     body = [
@@ -171,7 +173,8 @@ def write_results(sweeps_root: Path = Path("runs/sweeps"), out: Path = Path("doc
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sweeps", type=Path, default=Path("runs/sweeps"), help="where the sweeps' runs are")
+    parser.add_argument("--sweeps", type=Path, default=Path("results"),
+                        help="where the sweeps' runs are: their records (default) or runs/sweeps")
     parser.add_argument("--out", type=Path, default=Path("docs/results.md"))
     args = parser.parse_args(argv)
     print(f"wrote {write_results(args.sweeps, args.out)}")

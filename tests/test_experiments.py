@@ -4,6 +4,8 @@ report, and sweeps (grid expansion, validation, dry-run statuses, one real sweep
 import csv
 import json
 import math
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -447,6 +449,7 @@ def test_sweep_validation_names_the_file_and_the_field(tmp_path):
 SHIPPED = {"quick_variants": 6, "lr_sweep": 12, "prompt_ablation": 9, "on_policy_variants": 18,
            "off_policy_variants": 12}
 SWEEPS = Path(__file__).resolve().parent.parent / "sweeps"
+SEED004 = ("lr_sweep", "prompt_ablation", "on_policy_variants", "off_policy_variants")
 
 
 @pytest.mark.parametrize("name", list(SHIPPED))
@@ -462,7 +465,9 @@ def test_shipped_sweep_files_expand_into_valid_runs(name, tmp_path, monkeypatch)
         path.write_text(yaml.safe_dump(raw))
     # the sweeps it reuses from, looked for under tmp_path, so that runs in this checkout do not turn "new" to "reuse"
     reuse = json.dumps([str(tmp_path / p) for p in raw.get("reuse", [])])
-    plan = plan_sweep(load_sweep(path, [f"out={tmp_path / 'runs'}", f"reuse={reuse}"]))
+    # and its record, for the same reason (the seed-004 sweeps keep theirs in results/<name>, committed)
+    assert raw.get("record") in (None, f"results/{name}") and (raw.get("record") is not None) == (name in SEED004)
+    plan = plan_sweep(load_sweep(path, [f"out={tmp_path / 'runs'}", f"reuse={reuse}", f"record={tmp_path / 'kept'}"]))
     assert len(plan) == SHIPPED[name] and {r.status for r in plan} == {"new"}
     assert sorted({r.config.seed for r in plan}) == sorted(raw["grid"]["seed"]) and len(raw["grid"]["seed"]) >= 2
 
@@ -567,6 +572,84 @@ def test_sweep_runs_two_seeds_end_to_end_then_skips_them(tmp_path, model_dir):
     assert run_status(copy, plan["learning_rate=0.001,seed=1"].config) == ("done", "")
     summary = summarize(load_groups([other]))
     assert [(r.seed, r.finished) for r in summary.runs] == [(0, True), (1, True)]
+
+
+def _finish_fake(run, val):
+    """What `rlvr train` leaves in a finished run directory (written by hand: the record logic needs no model)."""
+    write_run(run.path, seed=run.config.seed, val=val)
+    run.config.save(run.path / "config.yaml")  # the planned config, as `rlvr train` saves it
+    (run.path / "final" / "model.safetensors").write_bytes(b"weights")
+
+
+def test_a_record_keeps_finished_runs_without_weights_and_a_fresh_machine_restores_them(tmp_path):
+    out, record = tmp_path / "runs", tmp_path / "results" / "tiny"
+    sweep_file = write_sweep(tmp_path / "tiny.yaml", {"learning_rate": [1e-5, 1e-4], "seed": [0, 1]}, out=str(out),
+                             record=str(record), report=False)
+    plan = plan_sweep(load_sweep(sweep_file))
+    finals = {"learning_rate=1e-05,seed=0": 0.5, "learning_rate=1e-05,seed=1": 0.7, "learning_rate=0.0001,seed=0": 0.2}
+    for run in plan:
+        if run.name in finals:
+            _finish_fake(run, (0.1, 0.3, finals[run.name]))
+    plan = plan_sweep(load_sweep(sweep_file))
+    assert [r.status for r in plan] == ["done", "done", "done", "new"]
+    lines = []
+    outcomes = run_sweep(load_sweep(sweep_file), [r for r in plan if r.status == "done"], echo=lines.append)
+    assert [o.result for o in outcomes] == ["skipped"] * 3
+    assert sum(line.startswith("kept the record of") for line in lines) == 3
+    kept = record / "learning_rate=1e-05,seed=1"
+    assert sorted(p.name for p in kept.iterdir()) == ["DONE", "MACHINE", "config.yaml", "metrics.jsonl", "rollouts.jsonl"]
+    assert json.loads((kept / "MACHINE").read_text())["cores"] == os.cpu_count()
+    assert json.loads((kept / "DONE").read_text()) == {"val/accuracy": 0.7}
+    assert read_jsonl(kept / "metrics.jsonl") == read_jsonl(out / "learning_rate=1e-05,seed=1" / "metrics.jsonl")
+    # a record that already keeps the run is not written again
+    stamp = (kept / "metrics.jsonl").stat().st_mtime_ns
+    run_sweep(load_sweep(sweep_file), [r for r in plan if r.status == "done"], echo=lines.append)
+    assert (kept / "metrics.jsonl").stat().st_mtime_ns == stamp
+
+    # a fresh machine: runs/ is gone, the record is in the checkout; nothing is trained again
+    shutil.rmtree(out)
+    plan = plan_sweep(load_sweep(sweep_file))
+    assert [r.status for r in plan] == ["recorded", "recorded", "recorded", "new"]
+    assert plan[0].source == record / plan[0].name
+    outcomes = run_sweep(load_sweep(sweep_file), plan[:3], echo=lambda line: None)
+    assert [(o.result, o.val_accuracy) for o in outcomes] == [("restored", 0.5), ("restored", 0.7), ("restored", 0.2)]
+    restored = out / "learning_rate=1e-05,seed=1"
+    assert (restored / "DONE").is_file() and not (restored / "final").exists()
+    assert yaml.safe_load((restored / "config.yaml").read_text())["out"] == str(restored)
+    assert run_status(restored, plan[1].config) == ("done", "")
+    assert [r.status for r in plan_sweep(load_sweep(sweep_file))] == ["done", "done", "done", "new"]
+    # summaries read records (restored or in place) as finished runs, with the same numbers as the originals
+    for root in (out, record):
+        summary = summarize(load_groups([root]))
+        assert [(r.seed, r.finished, r.final_val_accuracy) for r in summary.runs] == [
+            (0, True, 0.5), (1, True, 0.7), (0, True, 0.2)]
+    # `rlvr train` into a restored record refuses rather than overwrite its logs
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        from rlvr.loop_common import start_run
+        start_run(plan[1].config)
+
+    # a record of another config is not taken for this run: it trains, and its record is replaced when it finishes
+    changed = record / "learning_rate=0.0001,seed=0"
+    yaml_cfg = yaml.safe_load((changed / "config.yaml").read_text())
+    (changed / "config.yaml").write_text(yaml.safe_dump({**yaml_cfg, "group_size": 4}))
+    shutil.rmtree(out / "learning_rate=0.0001,seed=0")
+    run = {r.name: r for r in plan_sweep(load_sweep(sweep_file))}["learning_rate=0.0001,seed=0"]
+    assert run.status == "new" and "keeps another config" in run.detail
+    _finish_fake(run, (0.1, 0.4))
+    run_sweep(load_sweep(sweep_file), [run], echo=lambda line: None)  # done: its record is written anew
+    assert yaml.safe_load((changed / "config.yaml").read_text())["group_size"] == 2
+    assert json.loads((changed / "DONE").read_text()) == {"val/accuracy": 0.4}
+    assert not list(record.glob(".*.tmp"))
+
+    # another sweep reuses a record like a finished run: logs and DONE copied, no weights to link
+    twin = write_sweep(tmp_path / "twin.yaml", {"learning_rate": [1e-5], "seed": [0, 1, 2]}, out=str(tmp_path / "twin"),
+                       reuse=[str(record)], report=False)
+    plan = plan_sweep(load_sweep(twin))
+    assert [r.status for r in plan] == ["reuse", "reuse", "new"]
+    run_sweep(load_sweep(twin), plan[:2], echo=lambda line: None)
+    copy = tmp_path / "twin" / "seed=1"
+    assert (copy / "DONE").is_file() and (copy / "REUSED").is_file() and not (copy / "final").exists()
+    assert summarize(load_groups([copy])).runs[0].final_val_accuracy == 0.7
 
 
 def test_seed004_results_page_follows_the_runs(tmp_path):

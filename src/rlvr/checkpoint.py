@@ -3,6 +3,8 @@
     run_dir/checkpoints/step_000010/   model (save_pretrained, safetensors) + tokenizer + trainer_state.pt
     run_dir/checkpoints/latest         the name of the newest complete checkpoint
     run_dir/final/                     the finished model; its DONE file marks a run that completed
+    run_dir/DONE                       instead of final/: a kept record of a finished run, its logs without the
+                                       weights (rlvr.sweep's `record` directory, committed with the code)
 
 Each checkpoint is written to a temporary directory and renamed into place, and `latest` is replaced
 atomically, so a crash at any moment leaves the previous checkpoint intact. trainer_state.pt holds the
@@ -128,3 +130,20 @@ def save_final(run_dir: Path, model, tokenizer, summary: dict) -> Path:
 def finished_model(run_dir: Path) -> Path | None:
     final = Path(run_dir) / "final"
     return final if (final / "DONE").is_file() else None
+
+
+RECORD_DONE = "DONE"
+
+
+def done_file(run_dir: Path) -> Path | None:
+    """The DONE summary of a finished run: final/DONE, or for a record (logs kept, weights not) run_dir/DONE."""
+    for path in (Path(run_dir) / "final" / "DONE", Path(run_dir) / RECORD_DONE):
+        if path.is_file():
+            return path
+    return None
+
+
+def is_finished(run_dir: Path) -> bool:
+    """The run completed, whether its weights are here (final/) or only its record (summaries and plots need no
+    weights)."""
+    return done_file(run_dir) is not None

@@ -470,7 +470,7 @@ def load_run(run_dir: str | Path, rollouts: bool = False) -> Run:
     logged = run_dir / "rollouts.jsonl"
     return Run(path=run_dir, config=read_run_config(run_dir), metrics=read_jsonl(run_dir / "metrics.jsonl"),
                rollouts=read_jsonl(logged) if rollouts and logged.is_file() else [],
-               finished=ckpt.finished_model(run_dir) is not None)
+               finished=ckpt.is_finished(run_dir))
 
 
 def load_runs(paths: Sequence[str | Path], rollouts: bool = False) -> list[Run]:

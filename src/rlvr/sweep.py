@@ -23,10 +23,17 @@ Each grid point runs in <out>/<field=value,...>, named from the grid fields with
     done      final/DONE exists: skipped
     reuse     new, but a finished run with the same config exists under one of the file's `reuse` directories
               (another sweep): its logs are copied and its final model linked instead of training again
+    recorded  new, but the sweep's `record` directory keeps this run, finished, with the same config: its logs are
+              restored into the run directory (with DONE, without the weights) instead of training again
     running   another sweep process holds the run's lock: skipped
     changed   the directory holds a run of a different config: the sweep refuses to start
 
 so a sweep can be stopped (Ctrl-C) and started again at any time. A failed run is reported and the others go on.
+
+`record: results/<name>` keeps every finished run's logs (config.yaml, metrics.jsonl, rollouts.jsonl and final/DONE
+as DONE; no weights, no checkpoints) in a directory committed with the code: runs/ is scratch space a fresh
+machine does not have, so a sweep that takes longer than one session's machine accumulates in its record, and
+`rlvr summary / plot / report` read the record like any run directory.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -78,6 +86,9 @@ class SweepConfig(BaseConfig):
                              "equals a new run's (out aside) is reused instead of trained again (its logs copied, "
                              "its final model linked)")
     prune_checkpoints: bool = Field(True, description="delete a run's checkpoints/ once it finished (final/ stays)")
+    record: str | None = Field(None, description="a directory (committed with the code) that keeps each finished "
+                               "run's logs without its weights; a run kept there with the same config is restored "
+                               "from it instead of trained again")
 
 
 @dataclass
@@ -95,6 +106,7 @@ class Sweep:
     command: str = "train"
     baseline: str | None = None
     reuse: tuple[Path, ...] = ()
+    record: Path | None = None
 
     @property
     def config_class(self):
@@ -110,7 +122,7 @@ class PlannedRun:
     status: str = "new"
     detail: str = ""
     command: str = "train"
-    source: Path | None = None  # status reuse: the finished run with this config
+    source: Path | None = None  # status reuse / recorded: the finished run (or its record) with this config
 
 
 def expand_grid(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -181,7 +193,8 @@ def load_sweep(path: str | Path, overrides: list[str] | dict | None = None) -> S
     return Sweep(source=path, name=name, out=Path(cfg.out or f"runs/sweeps/{name}"), parallel=cfg.parallel,
                  dry_run=cfg.dry_run, report=cfg.report, prune_checkpoints=cfg.prune_checkpoints,
                  base_path=base_path, base_fields={**base, **train_keys}, grid=cfg.grid, command=cfg.command,
-                 baseline=cfg.baseline, reuse=tuple(Path(p) for p in cfg.reuse))
+                 baseline=cfg.baseline, reuse=tuple(Path(p) for p in cfg.reuse),
+                 record=Path(cfg.record) if cfg.record else None)
 
 
 def _check_names(cfg: BaseConfig) -> None:
@@ -268,7 +281,7 @@ def run_status(run_dir: Path, cfg: BaseConfig) -> tuple[str, str]:
             pid = -1
         if pid > 0 and _pid_alive(pid):
             return "running", f"pid {pid}"
-    done = ckpt.finished_model(run_dir) is not None
+    done = ckpt.is_finished(run_dir)
     checkpoint = ckpt.latest_checkpoint(run_dir)
     if done or checkpoint is not None:
         changes = _config_changes(run_dir, cfg)
@@ -287,6 +300,13 @@ def plan_sweep(sweep: Sweep) -> list[PlannedRun]:
     runs = build_configs(sweep)
     for r in runs:
         r.status, r.detail = run_status(r.path, r.config)
+        if r.status == "new" and sweep.record is not None:
+            kept = sweep.record / r.name
+            if ckpt.is_finished(kept) and (kept / "config.yaml").is_file():
+                if _same_config(kept, r.config):
+                    r.status, r.source, r.detail = "recorded", kept, f"kept in {kept}"
+                else:
+                    r.detail = f"{kept} keeps another config: replaced when this run finishes"
         if r.status == "new" and sweep.reuse:
             r.source = reusable_run(r, sweep.reuse)
             if r.source is not None:
@@ -294,31 +314,95 @@ def plan_sweep(sweep: Sweep) -> list[PlannedRun]:
     return runs
 
 
+def _same_config(run_dir: Path, cfg: BaseConfig) -> bool:
+    """run_dir's config.yaml has exactly cfg's fields and values (out and resume aside): the same computation."""
+    return ({k: freeze(v) for k, v in _saved_config(run_dir).items()}
+            == {k: freeze(v) for k, v in _planned_config(cfg).items()})
+
+
 def reusable_run(run: PlannedRun, roots: Sequence[Path]) -> Path | None:
-    """A finished run under one of `roots` whose config.yaml has exactly the planned run's fields and values
-    (out and resume aside): the same computation, so its result is this run's."""
-    new = {k: freeze(v) for k, v in _planned_config(run.config).items()}
+    """A finished run (or a record of one) under one of `roots` with the planned run's config: its result is
+    this run's."""
     for root in roots:
         for path in sorted(root.glob("*/config.yaml")):
             source = path.parent
-            if source.resolve() == run.path.resolve() or ckpt.finished_model(source) is None:
+            if source.resolve() == run.path.resolve() or not ckpt.is_finished(source):
                 continue
-            if {k: freeze(v) for k, v in _saved_config(source).items()} == new:
+            if _same_config(source, run.config):
                 return source
     return None
 
 
+# what a record keeps of a run: its logs (the rollouts, for the report's samples) and config; the DONE summary
+# is added from final/DONE. Discarded and interrupted logs of resumed runs are not results.
+RECORD_LOGS = ("metrics.jsonl", "rollouts.jsonl")
+
+
+def _copy_logs(source: Path, target: Path, cfg: BaseConfig) -> None:
+    """target gets source's logs, cfg as its config.yaml and source's DONE summary as target/DONE (no weights)."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in RECORD_LOGS:
+        if (source / name).is_file():
+            shutil.copy2(source / name, target / name)
+    cfg.save(target / "config.yaml")
+    done = ckpt.done_file(source)
+    if done is not None:
+        shutil.copy2(done, target / ckpt.RECORD_DONE)
+
+
 def _reuse(run: PlannedRun) -> None:
-    """Make run.path the reused run: its config (with this out), copies of its logs, a link to its final model,
-    and REUSED naming the source."""
+    """Make run.path the reused run: its config (with this out), copies of its logs, a link to its final model
+    (or, for a record, its DONE), and REUSED naming the source."""
     source = run.source
     run.path.mkdir(parents=True, exist_ok=True)
     for item in source.iterdir():
         if item.is_file() and item.suffix == ".jsonl":
             shutil.copy2(item, run.path / item.name)
     run.config.save(run.path / "config.yaml")
-    (run.path / "final").symlink_to((source / "final").resolve(), target_is_directory=True)
+    if ckpt.finished_model(source) is not None:
+        (run.path / "final").symlink_to((source / "final").resolve(), target_is_directory=True)
+    else:
+        shutil.copy2(ckpt.done_file(source), run.path / ckpt.RECORD_DONE)
     (run.path / "REUSED").write_text(json.dumps({"source": str(source)}) + "\n", encoding="utf-8")
+
+
+def restore_record(run: PlannedRun) -> None:
+    """Status recorded: the run directory gets the record's logs and DONE (the run is finished, its weights were
+    not kept)."""
+    _copy_logs(run.source, run.path, run.config)
+
+
+def keep_record(run: PlannedRun, record: Path) -> Path | None:
+    """Copy a finished run's logs and DONE into record/<name> (config.yaml with the run's own out), unless the
+    record already keeps this run with the same config; returns the record written, if any."""
+    if not ckpt.is_finished(run.path):
+        return None
+    kept = record / run.name
+    if ckpt.is_finished(kept) and (kept / "config.yaml").is_file() and _same_config(kept, run.config):
+        return None
+    if kept.exists():
+        shutil.rmtree(kept)  # another config's record: this finished run replaces it
+    tmp = record / f".{run.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    _copy_logs(run.path, tmp, run.config)
+    # its times per step are this machine's: records made on different machines are not comparable in speed
+    (tmp / "MACHINE").write_text(json.dumps(machine(), indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, kept)
+    return kept
+
+
+def machine() -> dict:
+    """The processor, its cores and torch's version: what a record's wall times depend on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    import torch
+
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
+            "kept": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 def format_plan(sweep: Sweep, plan: Sequence[PlannedRun]) -> str:
@@ -396,10 +480,12 @@ def _progress(run: PlannedRun) -> str:
 
 
 def _final_accuracy(run_dir: Path) -> float | None:
-    done = run_dir / "final" / "DONE"
+    done = ckpt.done_file(run_dir)
+    if done is None:
+        return None
     try:
         value = json.loads(done.read_text(encoding="utf-8")).get("val/accuracy")
-    except (FileNotFoundError, ValueError):
+    except ValueError:
         return None
     return value if isinstance(value, (int, float)) else None
 
@@ -488,14 +574,24 @@ def run_sweep(sweep: Sweep, plan: Sequence[PlannedRun], echo: Callable[[str], No
         raise ConfigError(f"{sweep.source}: these run directories hold runs of another config; delete them or "
                           "choose another out:\n" + "\n".join(f"  {r.path}: {r.detail}" for r in changed))
     todo = [r for r in plan if r.status in ("new", "resume", "restart")]
-    outcomes = [RunOutcome(r.name, r.path, r.status, "skipped") for r in plan if r not in todo and r.status != "reuse"]
+    outcomes = [RunOutcome(r.name, r.path, r.status, "skipped") for r in plan
+                if r not in todo and r.status not in ("reuse", "recorded")]
     for o in outcomes:
         echo(f"skip {o.name} ({o.status})")
     for r in plan:
-        if r.status == "reuse":
-            _reuse(r)
-            outcomes.append(RunOutcome(r.name, r.path, r.status, "reused", val_accuracy=_final_accuracy(r.path)))
-            echo(f"reuse {r.name}: {r.detail}")
+        if r.status in ("reuse", "recorded"):
+            (_reuse if r.status == "reuse" else restore_record)(r)
+            outcomes.append(RunOutcome(r.name, r.path, r.status, "reused" if r.status == "reuse" else "restored",
+                                       val_accuracy=_final_accuracy(r.path)))
+            echo(f"{'reuse' if r.status == 'reuse' else 'restore'} {r.name}: {r.detail}")
+
+    def record(run: PlannedRun) -> None:
+        if sweep.record is not None and (kept := keep_record(run, sweep.record)) is not None:
+            echo(f"kept the record of {run.name} in {kept}")
+
+    for r in plan:
+        if r.status in ("done", "reuse"):  # finished before this sweep's record was kept (or in another sweep)
+            record(r)
     env = child_env(sweep.parallel, env)
     pending, active = list(enumerate(todo, start=1)), []
     last_progress = time.monotonic()
@@ -509,6 +605,7 @@ def run_sweep(sweep: Sweep, plan: Sequence[PlannedRun], echo: Callable[[str], No
             for a in [a for a in active if a.proc.poll() is not None]:
                 active.remove(a)
                 outcomes.append(_finish(a, len(todo), echo, sweep.prune_checkpoints))
+                record(a.run)
             if active and time.monotonic() - last_progress >= progress_seconds:
                 last_progress = time.monotonic()
                 for a in active:
@@ -529,7 +626,8 @@ def format_outcomes(outcomes: Sequence[RunOutcome]) -> str:
         lines.append(f"  {o.result:<8} {o.name:<40} {took:>9}  {acc}".rstrip())
     failed = sum(o.result == "failed" for o in outcomes)
     reused = sum(o.result == "reused" for o in outcomes)
+    restored = sum(o.result == "restored" for o in outcomes)
     lines.append(f"  {len(outcomes)} runs: {sum(o.result == 'done' for o in outcomes)} ran, "
                  f"{sum(o.result == 'skipped' for o in outcomes)} skipped, {failed} failed"
-                 + (f", {reused} reused" if reused else ""))
+                 + (f", {reused} reused" if reused else "") + (f", {restored} restored from the record" if restored else ""))
     return "\n".join(lines)
