@@ -23,7 +23,9 @@ from rlvr.runs import (
     differing_fields, group_runs, label_fields, load_groups, load_runs, metric_series, per_step_spread, spread,
     summarize, write_summary,
 )
-from rlvr.sweep import LOCK, _prepare, expand_grid, load_sweep, plan_sweep, run_name, run_status, run_sweep
+from rlvr.sweep import (
+    LOCK, _prepare, expand_grid, load_sweep, model_digest, plan_sweep, run_name, run_status, run_sweep,
+)
 from rlvr.tracking import read_jsonl
 
 # ----------------------------------------------------------------------------------------------------
@@ -581,6 +583,16 @@ def _finish_fake(run, val):
     (run.path / "final" / "model.safetensors").write_bytes(b"weights")
 
 
+def test_the_start_model_digest_is_the_sha256_of_its_weight_files(tmp_path):
+    import hashlib
+
+    (tmp_path / "b.safetensors").write_bytes(b"second")
+    (tmp_path / "a.safetensors").write_bytes(b"first")
+    (tmp_path / "config.json").write_text("{}")
+    assert model_digest(tmp_path) == hashlib.sha256(b"firstsecond").hexdigest()
+    assert model_digest(tmp_path / "missing") is None and model_digest(Path("SmolLM2-135M-Instruct")) is None
+
+
 def test_a_record_keeps_finished_runs_without_weights_and_a_fresh_machine_restores_them(tmp_path):
     out, record = tmp_path / "runs", tmp_path / "results" / "tiny"
     sweep_file = write_sweep(tmp_path / "tiny.yaml", {"learning_rate": [1e-5, 1e-4], "seed": [0, 1]}, out=str(out),
@@ -597,8 +609,10 @@ def test_a_record_keeps_finished_runs_without_weights_and_a_fresh_machine_restor
     assert [o.result for o in outcomes] == ["skipped"] * 3
     assert sum(line.startswith("kept the record of") for line in lines) == 3
     kept = record / "learning_rate=1e-05,seed=1"
-    assert sorted(p.name for p in kept.iterdir()) == ["DONE", "MACHINE", "config.yaml", "metrics.jsonl", "rollouts.jsonl"]
-    assert json.loads((kept / "MACHINE").read_text())["cores"] == os.cpu_count()
+    assert sorted(p.name for p in kept.iterdir()) == ["DONE", "RECORD.json", "config.yaml", "metrics.jsonl",
+                                                      "rollouts.jsonl"]
+    info = json.loads((kept / "RECORD.json").read_text())
+    assert info["machine"]["cores"] == os.cpu_count() and info["start_model_sha256"] is None  # a hub name
     assert json.loads((kept / "DONE").read_text()) == {"val/accuracy": 0.7}
     assert read_jsonl(kept / "metrics.jsonl") == read_jsonl(out / "learning_rate=1e-05,seed=1" / "metrics.jsonl")
     # a record that already keeps the run is not written again

@@ -30,8 +30,8 @@ Each grid point runs in <out>/<field=value,...>, named from the grid fields with
 
 so a sweep can be stopped (Ctrl-C) and started again at any time. A failed run is reported and the others go on.
 
-`record: results/<name>` keeps every finished run's logs (config.yaml, metrics.jsonl, rollouts.jsonl and final/DONE
-as DONE; no weights, no checkpoints) in a directory committed with the code: runs/ is scratch space a fresh
+`record: results/<name>` keeps every finished run's logs (config.yaml, metrics.jsonl, rollouts.jsonl, final/DONE
+as DONE, and RECORD.json: the machine and the start model's sha256; no weights, no checkpoints) in a directory committed with the code: runs/ is scratch space a fresh
 machine does not have, so a sweep that takes longer than one session's machine accumulates in its record, and
 `rlvr summary / plot / report` read the record like any run directory.
 """
@@ -385,10 +385,31 @@ def keep_record(run: PlannedRun, record: Path) -> Path | None:
     tmp = record / f".{run.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     _copy_logs(run.path, tmp, run.config)
-    # its times per step are this machine's: records made on different machines are not comparable in speed
-    (tmp / "MACHINE").write_text(json.dumps(machine(), indent=1) + "\n", encoding="utf-8")
+    # its times per step are this machine's, and a start model rebuilt on another machine (an SFT checkpoint in
+    # runs/) rounds differently: both are kept, so records from several sessions can be told apart
+    provenance = {"machine": machine(), "start_model_sha256": model_digest(Path(run.config.model)),
+                  "kept": time.strftime("%Y-%m-%d %H:%M:%S")}
+    (tmp / RECORD_INFO).write_text(json.dumps(provenance, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, kept)
     return kept
+
+
+RECORD_INFO = "RECORD.json"
+
+
+def model_digest(model_dir: Path) -> str | None:
+    """sha256 of a model directory's weight files (None for a hub name or a GGUF): which start model a run had."""
+    import hashlib
+
+    files = sorted(model_dir.glob("*.safetensors")) if model_dir.is_dir() else []
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for f in files:
+        with f.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 24), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def machine() -> dict:
@@ -401,8 +422,7 @@ def machine() -> dict:
         pass
     import torch
 
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
-            "kept": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__}
 
 
 def format_plan(sweep: Sweep, plan: Sequence[PlannedRun]) -> str:
