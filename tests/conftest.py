@@ -49,6 +49,15 @@ def train_cfg(model_dir, out, **overrides):
     return load_config(TrainConfig, overrides={**base, **overrides})
 
 
+@pytest.fixture(autouse=True)
+def _own_validation_cache(tmp_path, monkeypatch):
+    """Each test its own cache of step 0's validation: a test that patches what validation computes must not
+    read another test's numbers."""
+    import rlvr.loop_common
+
+    monkeypatch.setattr(rlvr.loop_common, "validation_cache", lambda: tmp_path / "validation-cache")
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return make_tokenizer()

@@ -24,8 +24,9 @@ from rlvr.runs import (
     summarize, write_summary,
 )
 from rlvr.sweep import (
-    LOCK, _prepare, expand_grid, load_sweep, model_digest, plan_sweep, run_name, run_status, run_sweep,
+    LOCK, _prepare, expand_grid, load_sweep, plan_sweep, restore_record, run_name, run_status, run_sweep,
 )
+from rlvr.checkpoint import model_digest
 from rlvr.tracking import read_jsonl
 
 # ----------------------------------------------------------------------------------------------------
@@ -641,6 +642,14 @@ def test_a_record_keeps_finished_runs_without_weights_and_a_fresh_machine_restor
     with pytest.raises(FileExistsError, match="already holds a run"):
         from rlvr.loop_common import start_run
         start_run(plan[1].config)
+
+    # a record made before a field existed matches while the sweep keeps that field's default (the old behaviour)
+    kept_cfg = yaml.safe_load((kept / "config.yaml").read_text())
+    (kept / "config.yaml").write_text(yaml.safe_dump({k: v for k, v in kept_cfg.items() if k != "eval_start_cache"}))
+    shutil.rmtree(out / "learning_rate=1e-05,seed=1")
+    assert plan_sweep(load_sweep(sweep_file))[1].status == "recorded"
+    assert plan_sweep(load_sweep(sweep_file, ["eval_start_cache=false"]))[1].status == "new"
+    restore_record(plan_sweep(load_sweep(sweep_file))[1])
 
     # a record of another config is not taken for this run: it trains, and its record is replaced when it finishes
     changed = record / "learning_rate=0.0001,seed=0"

@@ -4,6 +4,7 @@ same numbers; a finished run is evaluated instead of trained again."""
 import math
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from conftest import train_cfg
@@ -184,3 +185,48 @@ def test_sampled_validation_beside_the_greedy_one_and_in_the_summary(tmp_path, m
     assert calls == [(0.0, 1, 0), (0.7, 3, 0)] * 2  # greedy, then sampled, at each validation step
     run = summarize(load_groups([out])).runs[0]
     assert run.final_val_sampled_accuracy == pytest.approx(rows[-1]["val_sampled/accuracy"])
+
+
+def test_start_validation_key_ignores_only_what_cannot_change_step_0(tmp_path, model_dir, monkeypatch):
+    from rlvr.config import TrainConfig
+    from rlvr.loop_common import NOT_IN_START_VALIDATION, start_validation_key
+
+    assert NOT_IN_START_VALIDATION <= set(TrainConfig.model_fields)  # no typo hides a field from the key
+    key = start_validation_key(_cfg(model_dir, tmp_path / "a"))
+    for same in ({"algorithm": "dr_grpo"}, {"learning_rate": 5e-4}, {"steps": 9}, {"temperature": 0.7},
+                 {"group_size": 2}, {"eval_every": 1}, {"save_every": 1, "resume": True}):
+        assert start_validation_key(_cfg(model_dir, tmp_path / "a", **same)) == key, same
+    assert start_validation_key(_cfg(model_dir, tmp_path / "elsewhere")) == key
+    for other in ({"seed": 1}, {"eval_limit": 3}, {"eval_max_new_tokens": 5}, {"prompt": "question_only"},
+                  {"eval_sampled_samples": 1}, {"generation_dtype": "bfloat16"}, {"split_seed": 2},
+                  {"generation_batch_size": 7}):
+        assert start_validation_key(_cfg(model_dir, tmp_path / "a", **other)) != key, other
+    torch.set_num_threads(2)  # bf16 and float sums may round differently with another thread count
+    try:
+        assert start_validation_key(_cfg(model_dir, tmp_path / "a")) != key
+    finally:
+        torch.set_num_threads(1)
+    (model_dir / "model.safetensors").write_bytes((model_dir / "model.safetensors").read_bytes() + b" ")
+    assert start_validation_key(_cfg(model_dir, tmp_path / "a")) != key  # other weights
+    assert start_validation_key(_cfg("SmolLM2-135M-Instruct", tmp_path / "a")) is None  # nothing to hash: no cache
+
+
+def test_step_0_validation_is_computed_once_and_skipping_it_changes_nothing_after(tmp_path, model_dir):
+    from rlvr.loop_common import validation_cache
+
+    # the sampled validation too, which draws random numbers: they come from its own streams
+    common = dict(steps=2, seed=3, eval_sampled_samples=2, eval_limit=3)
+    train_module.train_grpo(_cfg(model_dir, tmp_path / "first", algorithm="grpo", **common))
+    assert len(list(validation_cache().glob("*.json"))) == 1
+    train_module.train_grpo(_cfg(model_dir, tmp_path / "cached", algorithm="dr_grpo", learning_rate=3e-3, **common))
+    train_module.train_grpo(_cfg(model_dir, tmp_path / "fresh", algorithm="dr_grpo", learning_rate=3e-3,
+                                 eval_start_cache=False, **common))
+    first, cached, fresh = (read_jsonl(tmp_path / name / "metrics.jsonl") for name in ("first", "cached", "fresh"))
+    assert cached[0]["time/validate_cached"] == 1.0 and "time/validate_cached" not in fresh[0]
+    assert "val_sampled/accuracy" in cached[0]
+    step0 = lambda row: {k: v for k, v in row.items() if k.startswith(("val/", "val_sampled/"))}  # noqa: E731
+    assert step0(cached[0]) == step0(first[0])  # read, seconds included
+    assert _strip([step0(fresh[0])]) == _strip([step0(first[0])])  # computed again: the same numbers
+    assert _strip(cached) == _strip(fresh)  # the skipped validation left the training that follows as it was
+    assert read_jsonl(tmp_path / "cached" / "rollouts.jsonl") == read_jsonl(tmp_path / "fresh" / "rollouts.jsonl")
+    assert len(list(validation_cache().glob("*.json"))) == 1

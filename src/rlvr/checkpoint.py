@@ -13,8 +13,10 @@ optimizer, the scheduler, the step, the data order and the RNG states (python, n
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import platform
 import random
 import shutil
 import tempfile
@@ -147,3 +149,27 @@ def is_finished(run_dir: Path) -> bool:
     """The run completed, whether its weights are here (final/) or only its record (summaries and plots need no
     weights)."""
     return done_file(run_dir) is not None
+
+
+def model_digest(model_dir: Path) -> str | None:
+    """sha256 of a model directory's weight files (None for a hub name or a GGUF): which start model a run had."""
+    files = sorted(Path(model_dir).glob("*.safetensors")) if Path(model_dir).is_dir() else []
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for f in files:
+        with f.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 24), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def cpu_name() -> str:
+    """The processor's model name (bf16 and float results, and speeds, differ between processors)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return cpu

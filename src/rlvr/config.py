@@ -277,6 +277,9 @@ class TrainingFields(DataFields):
     # validation, logging, checkpoints
     eval_every: int = Field(10, ge=0, description="validate every N steps (0: never in between)")
     eval_at_start: bool = Field(True, description="validate before the first step")
+    eval_start_cache: bool = Field(True, description="rlvr train: take step 0's validation from an earlier run on this "
+                                   "machine (same code, start model, data, eval settings and seed) instead of "
+                                   "computing it again; the runs of a sweep share it")
     eval_at_end: bool = Field(True, description="validate after the last step")
     eval_limit: int = Field(200, ge=1, description="validation questions")
     eval_max_new_tokens: int = Field(256, ge=1)

@@ -34,7 +34,7 @@ from rlvr.estimators import distill_advantages
 from rlvr.evaluate import pass_at_k
 from rlvr.hf_engine import HFEngine
 from rlvr.loop_common import (build_engines, build_optimizer, load_frozen, load_policy, open_logger, placement, restore,
-                              start_run, trainer_state, validate)
+                              start_run, start_validation, trainer_state, validate)
 from rlvr.policy import tokenize_prompt_and_output
 from rlvr.prompts import PromptTemplate, get_prompt
 from rlvr.rewards import combine_rewards, format_reward_fn, get_reward_fn, rewards_and_metadata, score_batch
@@ -314,7 +314,7 @@ def train_grpo(cfg: TrainConfig) -> dict:
     logger = open_logger(run_dir, cfg, state)
     engine, val_engine = build_engines(model, tokenizer, cfg, where)
     if step == 0 and cfg.eval_at_start:
-        metrics, _ = validate(val_engine, model, val, prompt, tokenizer, cfg)
+        metrics = start_validation(val_engine, model, val, prompt, tokenizer, cfg)
         logger.log(0, metrics)
         log.info("step 0 validation: accuracy %.3f, format %.3f", metrics["val/accuracy"], metrics["val/format_rate"])
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -315,9 +314,13 @@ def plan_sweep(sweep: Sweep) -> list[PlannedRun]:
 
 
 def _same_config(run_dir: Path, cfg: BaseConfig) -> bool:
-    """run_dir's config.yaml has exactly cfg's fields and values (out and resume aside): the same computation."""
-    return ({k: freeze(v) for k, v in _saved_config(run_dir).items()}
-            == {k: freeze(v) for k, v in _planned_config(cfg).items()})
+    """run_dir's config.yaml has exactly cfg's fields and values (out and resume aside): the same computation.
+    A field the saved config lacks (added to rlvr after that run) counts as its default, which by rlvr's rule
+    for new fields is what the run did."""
+    saved, planned = _saved_config(run_dir), _planned_config(cfg)
+    defaults = type(cfg).model_construct().model_dump(mode="json", by_alias=True)
+    saved = {**{k: defaults[k] for k in planned if k not in saved and k in defaults}, **saved}
+    return {k: freeze(v) for k, v in saved.items()} == {k: freeze(v) for k, v in planned.items()}
 
 
 def reusable_run(run: PlannedRun, roots: Sequence[Path]) -> Path | None:
@@ -387,7 +390,7 @@ def keep_record(run: PlannedRun, record: Path) -> Path | None:
     _copy_logs(run.path, tmp, run.config)
     # its times per step are this machine's, and a start model rebuilt on another machine (an SFT checkpoint in
     # runs/) rounds differently: both are kept, so records from several sessions can be told apart
-    provenance = {"machine": machine(), "start_model_sha256": model_digest(Path(run.config.model)),
+    provenance = {"machine": machine(), "start_model_sha256": ckpt.model_digest(Path(run.config.model)),
                   "kept": time.strftime("%Y-%m-%d %H:%M:%S")}
     (tmp / RECORD_INFO).write_text(json.dumps(provenance, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, kept)
@@ -397,32 +400,11 @@ def keep_record(run: PlannedRun, record: Path) -> Path | None:
 RECORD_INFO = "RECORD.json"
 
 
-def model_digest(model_dir: Path) -> str | None:
-    """sha256 of a model directory's weight files (None for a hub name or a GGUF): which start model a run had."""
-    import hashlib
-
-    files = sorted(model_dir.glob("*.safetensors")) if model_dir.is_dir() else []
-    if not files:
-        return None
-    digest = hashlib.sha256()
-    for f in files:
-        with f.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 24), b""):
-                digest.update(block)
-    return digest.hexdigest()
-
-
 def machine() -> dict:
     """The processor, its cores and torch's version: what a record's wall times depend on."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
     import torch
 
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__}
+    return {"cpu": ckpt.cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__}
 
 
 def format_plan(sweep: Sweep, plan: Sequence[PlannedRun]) -> str:
