@@ -17,8 +17,10 @@ is written by hand: rerun the script after any run and the page follows the runs
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from rlvr.plots import LR_FIGURE, build_figures, save_figures  # noqa: E402
 from rlvr.report import DIFFERENCE_METRICS, fmt_difference, fmt_spread, write_report  # noqa: E402
 from rlvr.runs import Group, difference, group_values, load_groups, summarize  # noqa: E402
+from rlvr.sweep import RECORD_INFO  # noqa: E402
 
 METRICS = tuple(zip(DIFFERENCE_METRICS, ("greedy", "sampled")))  # final greedy and sampled validation accuracy
 
@@ -105,6 +108,7 @@ def section_markdown(section: Section, sweeps_root: Path, out_dir: Path, loaded:
         lines.append("| " + " | ".join(cells) + " |")
     if unfinished:
         lines.append(f"\nNot counted yet (unfinished): {', '.join(unfinished)}.")
+    lines.append(provenance(groups))
     lines.append("\nMean ± 95 % t-interval over seeds (t(0.975, n-1)·s/√n). Differences (A - B, 95 % two-sample "
                  "t-interval, pooled variance):\n")
     resolved, hidden = [], []
@@ -126,6 +130,26 @@ def section_markdown(section: Section, sweeps_root: Path, out_dir: Path, loaded:
     lines.append("\n**Larger than the spread:** " + (", ".join(resolved) if resolved else "none") + ". "
                  "**Within it:** " + (", ".join(hidden) if hidden else "none") + ".\n")
     return "\n".join(lines)
+
+
+def provenance(groups: list[Group]) -> str:
+    """Where the runs were made (each record's RECORD.json): the processors, whose speeds differ, and the start
+    models, since an SFT checkpoint rebuilt in another session rounds differently (its step-0 validation shows
+    by how much)."""
+    machines, starts = Counter(), {}
+    for run in (r for g in groups for r in g.runs):
+        try:
+            info = json.loads((run.path / RECORD_INFO).read_text(encoding="utf-8"))
+        except (FileNotFoundError, ValueError):
+            info = {}
+        machines[info.get("machine", {}).get("cpu", "unrecorded")] += 1
+        digest = (info.get("start_model_sha256") or "unrecorded")[:12]
+        greedy = run.series("val/accuracy").get(0)
+        starts.setdefault(digest, [0, greedy])[0] += 1
+    where = ", ".join(f"{n} on {cpu}" for cpu, n in machines.most_common())
+    start = "; ".join(f"{digest} ({n} run{'s' * (n != 1)}, step-0 greedy accuracy "
+                      f"{'-' if greedy is None else f'{greedy:.3f}'})" for digest, (n, greedy) in starts.items())
+    return f"\nRuns: {where}. Start model (sha256 of the weights): {start}."
 
 
 def _resolve(ref: str, sweep: str, loaded: dict):

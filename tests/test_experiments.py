@@ -687,6 +687,8 @@ def test_seed004_results_page_follows_the_runs(tmp_path):
         for seed, final in enumerate(finals):
             write_run(root / f"algorithm={algorithm},seed={seed}", algorithm, seed, (0.1, 0.2, final))
     write_run(root / "algorithm=maxrl,seed=0", "maxrl", 0, (0.1, 0.9), finished=False)  # not counted yet
+    (root / "algorithm=grpo,seed=2" / "RECORD.json").write_text(json.dumps(
+        {"machine": {"cpu": "AMD EPYC"}, "start_model_sha256": "0123456789abcdef"}))
     page = results.write_results(tmp_path / "sweeps", tmp_path / "docs" / "results.md").read_text()
     assert "Not counted yet (unfinished): algorithm=maxrl,seed=0." in page
     assert "MaxRL vs GRPO: not measured yet (algorithm=maxrl has no finished runs)" in page
@@ -694,6 +696,8 @@ def test_seed004_results_page_follows_the_runs(tmp_path):
     assert ("- sequence vs constant normalisation (grpo - grpo_constant): greedy +0.300 ± 0.227, larger than the "
             "spread") in page
     assert "| algorithm=grpo | 3 (3) | 0.600 ± 0.248 | 0.100 |" in page
+    assert ("Runs: 5 on unrecorded, 1 on AMD EPYC. Start model (sha256 of the weights): unrecorded (5 runs, step-0 "
+            "greedy accuracy 0.100); 0123456789ab (1 run, step-0 greedy accuracy 0.100).") in page
     assert "std normalisation on vs off (grpo_constant - dr_grpo): not measured yet (algorithm=dr_grpo has no finished runs)" in page
     assert page.count("**Not run yet.**") == 3 and "rlvr sweep --config sweeps/lr_sweep.yaml" in page
     assert "![val_reward](results/on_policy_variants/val_reward.png)" in page
