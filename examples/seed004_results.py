@@ -152,6 +152,36 @@ def provenance(groups: list[Group]) -> str:
     return f"\nRuns: {where}. Start model (sha256 of the weights): {start}."
 
 
+def wall_minutes(run) -> float | None:
+    """A run's wall time from its log: first to last logged step, plus step 0's validation when it was computed
+    (not read from the cache); model loading (seconds) is not logged and not counted."""
+    rows = [r for r in run.metrics if isinstance(r.get("time"), (int, float))]
+    if not rows:
+        return None
+    first = rows[0]
+    start = 0.0 if first.get("time/validate_cached") else (first.get("val/seconds", 0.0)
+                                                            + first.get("val_sampled/seconds", 0.0))
+    return (rows[-1]["time"] - first["time"] + start) / 60
+
+
+def run_times(loaded: dict) -> list[str]:
+    """The appendix: every finished run with its wall time and median seconds per step."""
+    lines = ["## Every run and its wall time", "",
+             "From each run's metrics.jsonl (first to last step, plus step 0's validation when it was computed).", "",
+             "| sweep | run | wall time (min) | median s / step | final greedy | final sampled |", "|---|---|---|---|---|---|"]
+    for sweep, (groups, summary, _) in loaded.items():
+        finals = {r.path: r for r in summary.runs}
+        for run in (r for g in groups for r in g.runs):
+            minutes, steps = wall_minutes(run), list(run.series("time/step").values())
+            final = finals[str(run.path)]
+            cells = [sweep, run.name, "-" if minutes is None else f"{minutes:.1f}",
+                     f"{statistics.median(steps):.1f}" if steps else "-"]
+            cells += ["-" if v is None else f"{v:.3f}" for v in (final.final_val_accuracy,
+                                                                 final.final_val_sampled_accuracy)]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def _resolve(ref: str, sweep: str, loaded: dict):
     name, _, label = ref.rpartition(":") if ":" in ref else (sweep, "", ref)
     if name not in loaded:
@@ -186,10 +216,11 @@ def write_results(sweeps_root: Path = Path("results"), out: Path = Path("docs/re
         "Arithmetic task, from the arithmetic SFT checkpoint (configs/grpo_arithmetic.yaml: 64 rollouts = 8 "
         "questions x 8 a step, 20 steps, greedy and sampled validation on 300 held-out questions), 3 seeds per "
         "configuration. Written by `examples/seed004_results.py` from the runs under "
-        f"`{sweeps_root}`; the wall time of every run is in docs/experiment_log.md.",
+        f"`{sweeps_root}`; the wall time of every run is in the last section.",
         "",
     ]
     body += [section_markdown(s, sweeps_root, out_dir, loaded) for s in SECTIONS]
+    body += run_times(loaded)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(body), encoding="utf-8")
     return out
