@@ -112,24 +112,56 @@ def section_markdown(section: Section, sweeps_root: Path, out_dir: Path, loaded:
     lines.append("\nMean ± 95 % t-interval over seeds (t(0.975, n-1)·s/√n). Differences (A - B, 95 % two-sample "
                  "t-interval, pooled variance):\n")
     resolved, hidden = [], []
-    for what, a, b in section.pairs:
-        a_summary, a_label = _resolve(a, section.sweep, loaded)
-        b_summary, b_label = _resolve(b, section.sweep, loaded)
-        if a_summary is None or b_summary is None:
-            lines.append(f"- {what}: not measured yet ({a if a_summary is None else b} has no finished runs)")
+    for what, diffs in pair_differences(section, loaded):
+        if isinstance(diffs, str):
+            lines.append(f"- {what}: {diffs}")
             continue
-        parts = []
-        for metric, name in METRICS:
-            xa, xb = group_values(a_summary, a_label, metric), group_values(b_summary, b_label, metric)
-            if not xa or not xb:
-                continue
-            d = difference(xa, xb)
-            parts.append(f"{name} {fmt_difference(d)}")
+        for name, d in diffs.items():
             (resolved if d.resolved else hidden).append(f"{what} ({name})")
+        parts = [f"{name} {fmt_difference(d)}" for name, d in diffs.items()]
         lines.append(f"- {what}: " + "; ".join(parts) if parts else f"- {what}: no validation logged yet")
     lines.append("\n**Larger than the spread:** " + (", ".join(resolved) if resolved else "none") + ". "
                  "**Within it:** " + (", ".join(hidden) if hidden else "none") + ".\n")
     return "\n".join(lines)
+
+
+def pair_differences(section: Section, loaded: dict) -> list[tuple[str, dict | str]]:
+    """Each pair the section asks for: (what, {"greedy": Difference, "sampled": Difference}), or (what, why
+    not measured yet)."""
+    out = []
+    for what, a, b in section.pairs:
+        a_summary, a_label = _resolve(a, section.sweep, loaded)
+        b_summary, b_label = _resolve(b, section.sweep, loaded)
+        if a_summary is None or b_summary is None:
+            out.append((what, f"not measured yet ({a if a_summary is None else b} has no finished runs)"))
+            continue
+        diffs = {}
+        for metric, name in METRICS:
+            xa, xb = group_values(a_summary, a_label, metric), group_values(b_summary, b_label, metric)
+            if xa and xb:
+                diffs[name] = difference(xa, xb)
+        out.append((what, diffs))
+    return out
+
+
+def findings(loaded: dict) -> list[str]:
+    """The page's first table (and the README's): every comparison in one line, with its verdict."""
+    lines = ["## What we found", "",
+             "Final validation accuracy, A - B, mean over seeds with the 95 % two-sample t-interval; **bold** where "
+             "the interval excludes 0 (larger than the spread between seeds).", "",
+             "| question | A - B, greedy | A - B, sampled (T = 1) |", "|---|---|---|"]
+    for section in SECTIONS:
+        for what, diffs in pair_differences(section, loaded):
+            if isinstance(diffs, str):
+                lines.append(f"| {what} | not measured yet | |")
+                continue
+            cells = []
+            for name in ("greedy", "sampled"):
+                d = diffs.get(name)
+                text = "-" if d is None else f"{d.mean:+.3f} ± {d.half_width:.3f}" if d.df else f"{d.mean:+.3f} (1 run a side)"
+                cells.append(f"**{text}**" if d is not None and d.resolved else text)
+            lines.append(f"| {what} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def provenance(groups: list[Group]) -> str:
@@ -219,6 +251,7 @@ def write_results(sweeps_root: Path = Path("results"), out: Path = Path("docs/re
         f"`{sweeps_root}`; the wall time of every run is in the last section.",
         "",
     ]
+    body += findings(loaded)
     body += [section_markdown(s, sweeps_root, out_dir, loaded) for s in SECTIONS]
     body += run_times(loaded)
     out.parent.mkdir(parents=True, exist_ok=True)

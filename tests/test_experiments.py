@@ -701,6 +701,8 @@ def test_seed004_results_page_follows_the_runs(tmp_path):
     assert "std normalisation on vs off (grpo_constant - dr_grpo): not measured yet (algorithm=dr_grpo has no finished runs)" in page
     assert page.count("**Not run yet.**") == 3 and "rlvr sweep --config sweeps/lr_sweep.yaml" in page
     assert "![val_reward](results/on_policy_variants/val_reward.png)" in page
+    assert "| sequence vs constant normalisation (grpo - grpo_constant) | **+0.300 ± 0.227** | - |" in page
+    assert "| MaxRL vs GRPO | not measured yet | |" in page
     # write_run logs a step a second from t = 1000 (steps 0-4) and step 0's validation takes no time
     assert "| on_policy_variants | algorithm=grpo,seed=1 | 0.1 | - | 0.600 | - |" in page
     figures = tmp_path / "docs" / "results" / "on_policy_variants"
