@@ -31,9 +31,10 @@ Each grid point runs in <out>/<field=value,...>, named from the grid fields with
 so a sweep can be stopped (Ctrl-C) and started again at any time. A failed run is reported and the others go on.
 
 `record: results/<name>` keeps every finished run's logs (config.yaml, metrics.jsonl, rollouts.jsonl, final/DONE
-as DONE, and RECORD.json: the machine and the start model's sha256; no weights, no checkpoints) in a directory committed with the code: runs/ is scratch space a fresh
-machine does not have, so a sweep that takes longer than one session's machine accumulates in its record, and
-`rlvr summary / plot / report` read the record like any run directory.
+as DONE, and RECORD.json: the machine and the start model's sha256; no weights, no checkpoints) in a directory
+committed with the code: runs/ is scratch space a fresh machine does not have, so a sweep that takes longer than
+one session's machine accumulates in its record, and `rlvr summary / plot / report` read the record like any run
+directory.
 """
 
 from __future__ import annotations
