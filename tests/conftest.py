@@ -50,12 +50,11 @@ def train_cfg(model_dir, out, **overrides):
 
 
 @pytest.fixture(autouse=True)
-def _own_validation_cache(tmp_path, monkeypatch):
-    """Each test its own cache of step 0's validation: a test that patches what validation computes must not
-    read another test's numbers."""
-    import rlvr.loop_common
-
-    monkeypatch.setattr(rlvr.loop_common, "validation_cache", lambda: tmp_path / "validation-cache")
+def _own_cache(tmp_path, monkeypatch):
+    """Each test its own $RLVR_CACHE (the `rlvr train` processes it starts too): a test that patches what
+    validation computes must not read another test's cached step-0 validation, and tests leave nothing in the
+    user's cache. The tests' models are built in the tests, so no converted model is missed."""
+    monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "rlvr-cache"))
 
 
 @pytest.fixture(scope="session")
