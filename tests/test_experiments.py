@@ -707,3 +707,55 @@ def test_seed004_results_page_follows_the_runs(tmp_path):
     assert "| on_policy_variants | algorithm=grpo,seed=1 | 0.1 | - | 0.600 | - |" in page
     figures = tmp_path / "docs" / "results" / "on_policy_variants"
     assert (figures / "val_reward.png").is_file() and (figures / "report.html").is_file()
+
+
+def test_gsm8k_comparison_keeps_each_seed_and_pairs_it_with_its_own_start_model(tmp_path, monkeypatch, capsys):
+    """examples/gsm8k_rl_vs_sft.py with its rlvr commands replaced by files: a recorded seed is not run again in a
+    fresh checkout, and the table's difference is paired per seed."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(SWEEPS.parent / "examples"))
+    spec = importlib.util.spec_from_file_location("gsm8k_rl_vs_sft", SWEEPS.parent / "examples" / "gsm8k_rl_vs_sft.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    monkeypatch.chdir(tmp_path)
+    calls = []
+    accuracy = {("sft", 0): 0.02, ("sft", 1): 0.03, ("grpo", 0): 0.05, ("grpo", 1): 0.04}
+
+    def build_sft():
+        calls.append("sft")
+        (tmp_path / "runs" / "sft_gsm8k" / "final").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "runs" / "sft_gsm8k" / "final" / "DONE").write_text("{}")
+
+    def train(seed, steps):
+        calls.append(f"train {seed}")
+        run = write_run(tmp_path / example.run_dir(seed, steps), seed=seed, val=(0.02, 0.03))
+        return run / "final"
+
+    def evaluate(model, name, mode, seed=0):
+        out = tmp_path / "runs" / "eval" / f"{name}-{mode}" / "summary.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        kind = "sft" if name == "sft" else "grpo"
+        out.write_text(json.dumps({"accuracy": accuracy[kind, int(name[-1]) if kind == "grpo" else current[0]],
+                                   "n": 1319, "format_rate": 0.9}))
+        return out
+
+    current = [0]
+    monkeypatch.setattr(example, "build_sft", build_sft)
+    monkeypatch.setattr(example, "train", train)
+    monkeypatch.setattr(example, "evaluate", evaluate)
+    monkeypatch.setattr(sys, "argv", ["gsm8k_rl_vs_sft.py", "--seeds", "0"])
+    example.main()
+    kept = tmp_path / "results" / "gsm8k_rl_vs_sft" / "grpo_gsm8k_dynamic_s0"
+    assert sorted(p.name for p in (kept / "test").iterdir()) == ["grpo-greedy.json", "sft-greedy.json"]
+    assert (kept / "DONE").is_file() and not (kept / "final").exists()
+    # a fresh checkout: runs/ is gone; seed 0 is recorded, seed 1 is built on a new SFT checkpoint
+    shutil.rmtree(tmp_path / "runs")
+    calls.clear()
+    current[0] = 1
+    monkeypatch.setattr(sys, "argv", ["gsm8k_rl_vs_sft.py", "--seeds", "0", "1"])
+    example.main()
+    assert calls == ["sft", "train 1"]
+    out = capsys.readouterr().out
+    # paired: (0.05 - 0.02, 0.04 - 0.03) = (0.03, 0.01): mean 0.02, s = 0.01414, t(1) = 12.706 -> 12.706 * 0.01 = 0.1271
+    assert "GRPO - SFT +0.0200 +- 0.1271" in out and "seed 1 (SFT ?): SFT 0.0300 +- 0.0092 -> GRPO 0.0400" in out

@@ -384,14 +384,20 @@ def keep_record(run: PlannedRun, record: Path) -> Path | None:
     kept = record / run.name
     if ckpt.is_finished(kept) and (kept / "config.yaml").is_file() and _same_config(kept, run.config):
         return None
+    return record_run(run.path, kept, run.config)
+
+
+def record_run(run_dir: Path, kept: Path, cfg: BaseConfig) -> Path:
+    """Write the record of the finished run in run_dir to `kept` (replacing what is there), all at once: its logs,
+    cfg as config.yaml, DONE and RECORD.json."""
     if kept.exists():
         shutil.rmtree(kept)  # another config's record: this finished run replaces it
-    tmp = record / f".{run.name}.tmp"
+    tmp = kept.parent / f".{kept.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    _copy_logs(run.path, tmp, run.config)
+    _copy_logs(run_dir, tmp, cfg)
     # its times per step are this machine's, and a start model rebuilt on another machine (an SFT checkpoint in
     # runs/) rounds differently: both are kept, so records from several sessions can be told apart
-    provenance = {"machine": machine(), "start_model_sha256": ckpt.model_digest(Path(run.config.model)),
+    provenance = {"machine": machine(), "start_model_sha256": ckpt.model_digest(Path(cfg.model)),
                   "kept": time.strftime("%Y-%m-%d %H:%M:%S")}
     (tmp / RECORD_INFO).write_text(json.dumps(provenance, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, kept)
