@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from rlvr.plots import LR_FIGURE, build_figures, save_figures  # noqa: E402
 from rlvr.report import DIFFERENCE_METRICS, fmt_difference, fmt_spread, write_report  # noqa: E402
-from rlvr.runs import Group, difference, group_values, load_groups, summarize  # noqa: E402
+from rlvr.runs import Group, difference, group_values, load_groups, questions_to_resolve, summarize  # noqa: E402
 from rlvr.sweep import RECORD_INFO  # noqa: E402
 
 METRICS = tuple(zip(DIFFERENCE_METRICS, ("greedy", "sampled")))  # final greedy and sampled validation accuracy
@@ -116,9 +116,10 @@ def section_markdown(section: Section, sweeps_root: Path, out_dir: Path, loaded:
         if isinstance(diffs, str):
             lines.append(f"- {what}: {diffs}")
             continue
-        for name, d in diffs.items():
+        for name, (d, _) in diffs.items():
             (resolved if d.resolved else hidden).append(f"{what} ({name})")
-        parts = [f"{name} {fmt_difference(d)}" for name, d in diffs.items()]
+        questions = next((r.config.get("eval_limit") for g in loaded[section.sweep][0] for r in g.runs), None)
+        parts = [f"{name} {fmt_difference(d)}{questions_needed(d, acc, questions)}" for name, (d, acc) in diffs.items()]
         lines.append(f"- {what}: " + "; ".join(parts) if parts else f"- {what}: no validation logged yet")
     lines.append("\n**Larger than the spread:** " + (", ".join(resolved) if resolved else "none") + ". "
                  "**Within it:** " + (", ".join(hidden) if hidden else "none") + ".\n")
@@ -126,8 +127,8 @@ def section_markdown(section: Section, sweeps_root: Path, out_dir: Path, loaded:
 
 
 def pair_differences(section: Section, loaded: dict) -> list[tuple[str, dict | str]]:
-    """Each pair the section asks for: (what, {"greedy": Difference, "sampled": Difference}), or (what, why
-    not measured yet)."""
+    """Each pair the section asks for: (what, {"greedy": (Difference, mean accuracy), "sampled": ...}), or (what,
+    why not measured yet)."""
     out = []
     for what, a, b in section.pairs:
         a_summary, a_label = _resolve(a, section.sweep, loaded)
@@ -139,9 +140,21 @@ def pair_differences(section: Section, loaded: dict) -> list[tuple[str, dict | s
         for metric, name in METRICS:
             xa, xb = group_values(a_summary, a_label, metric), group_values(b_summary, b_label, metric)
             if xa and xb:
-                diffs[name] = difference(xa, xb)
+                diffs[name] = difference(xa, xb), sum(xa + xb) / len(xa + xb)  # and the pair's mean accuracy
         out.append((what, diffs))
     return out
+
+
+def questions_needed(d, accuracy: float, questions: int | None) -> str:
+    """For an unresolved difference: whether more validation questions, at the same number of seeds, would
+    resolve it (runs.questions_to_resolve: the seeds' variance beyond the binomial part stays)."""
+    if d.resolved or not d.df or not questions:
+        return ""
+    runs = (d.df + 2) // 2
+    q = questions_to_resolve(d.mean, d.variance, accuracy, questions, runs)
+    if q is None:
+        return f"; at {runs} seeds no number of validation questions would (the seeds differ by more than scoring noise)"
+    return f"; at {runs} seeds, about {q:,} validation questions would (now {questions})"
 
 
 def findings(loaded: dict) -> list[str]:
@@ -157,7 +170,7 @@ def findings(loaded: dict) -> list[str]:
                 continue
             cells = []
             for name in ("greedy", "sampled"):
-                d = diffs.get(name)
+                d = diffs[name][0] if name in diffs else None
                 text = "-" if d is None else f"{d.mean:+.3f} ± {d.half_width:.3f}" if d.df else f"{d.mean:+.3f} (1 run a side)"
                 cells.append(f"**{text}**" if d is not None and d.resolved else text)
             lines.append(f"| {what} | " + " | ".join(cells) + " |")

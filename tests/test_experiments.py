@@ -143,6 +143,18 @@ def test_difference_of_two_groups_is_the_pooled_two_sample_t_interval():
     assert difference([0.5, 0.6], [0.6, 0.5]).runs_to_resolve is None  # equal means: no n resolves 0
 
 
+def test_questions_that_would_resolve_a_difference_leave_the_training_variance_alone():
+    from rlvr.runs import questions_to_resolve
+
+    # training variance 0.0025 - 0.7 * 0.3 / 300 = 0.0018; room = 0.01 * 3 / (2 * 2.7764^2) - 0.0018 = 1.459e-4
+    assert questions_to_resolve(0.1, 0.0025, 0.7, 300, 3) == 1440
+    # the seeds alone vary by more than any number of questions can remove: 2.7764 * sqrt(2 * 0.0049 / 3) > 0.1
+    assert questions_to_resolve(0.1, 0.0049 + 0.0007, 0.7, 300, 3) is None
+    assert questions_to_resolve(0.0, 0.0025, 0.7, 300, 3) is None
+    d = difference([0.6, 0.7, 0.8], [0.5, 0.6, 0.7])
+    assert d.variance == pytest.approx(0.01)
+
+
 def test_per_step_spread_counts_only_the_runs_that_have_the_step():
     series = [{0: 0.1, 2: 0.2, 4: 0.2}, {0: 0.1, 2: 0.3, 4: 0.4}, {0: 0.1, 2: 0.3}]
     stats = dict(per_step_spread(series))
@@ -683,7 +695,8 @@ def test_seed004_results_page_follows_the_runs(tmp_path):
     sys.modules["seed004_results"] = results  # its dataclasses look their module up while it loads
     spec.loader.exec_module(results)
     root = tmp_path / "sweeps" / "on_policy_variants"
-    for algorithm, finals in (("grpo", (0.5, 0.6, 0.7)), ("grpo_constant", (0.2, 0.4, 0.3))):
+    for algorithm, finals in (("grpo", (0.5, 0.6, 0.7)), ("grpo_constant", (0.2, 0.4, 0.3)),
+                              ("grpo_token", (0.25, 0.45, 0.35))):
         for seed, final in enumerate(finals):
             write_run(root / f"algorithm={algorithm},seed={seed}", algorithm, seed, (0.1, 0.2, final))
     write_run(root / "algorithm=maxrl,seed=0", "maxrl", 0, (0.1, 0.9), finished=False)  # not counted yet
@@ -696,7 +709,12 @@ def test_seed004_results_page_follows_the_runs(tmp_path):
     assert ("- sequence vs constant normalisation (grpo - grpo_constant): greedy +0.300 ± 0.227, larger than the "
             "spread") in page
     assert "| algorithm=grpo | 3 (3) | 0.600 ± 0.248 | 0.100 |" in page
-    assert ("Runs: 5 on unrecorded, 1 on AMD EPYC. Start model (sha256 of the weights): unrecorded (5 runs, step-0 "
+    # grpo_token - grpo_constant: +0.05, pooled variance 0.01; at 200 questions and accuracy 0.325 the binomial part
+    # is 0.0011, leaving 0.0089 > 0.05^2 * 3 / (2 * 2.7764^2) = 0.00049 to training: no number of questions;
+    # 32 seeds would: t(62) * sqrt(0.02 / 32) = 1.9990 * 0.025 = 0.04998 < 0.05 (31: 2.0003 * 0.02540 = 0.0508)
+    assert ("greedy +0.050 ± 0.227, within the spread (32 runs per group would resolve it); at 3 seeds no number of "
+            "validation questions would") in page
+    assert ("Runs: 8 on unrecorded, 1 on AMD EPYC. Start model (sha256 of the weights): unrecorded (8 runs, step-0 "
             "greedy accuracy 0.100); 0123456789ab (1 run, step-0 greedy accuracy 0.100).") in page
     assert "std normalisation on vs off (grpo_constant - dr_grpo): not measured yet (algorithm=dr_grpo has no finished runs)" in page
     assert page.count("**Not run yet.**") == 3 and "rlvr sweep --config sweeps/lr_sweep.yaml" in page

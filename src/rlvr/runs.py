@@ -97,6 +97,7 @@ class Difference:
     half_width: float
     df: int
     runs_to_resolve: int | None
+    variance: float = math.nan  # the pooled per-run variance the interval rests on
 
     @property
     def resolved(self) -> bool:
@@ -131,7 +132,24 @@ def difference(a: Sequence[float], b: Sequence[float]) -> Difference:
         return Difference(delta, math.nan, 0, None)
     variance = (sum((x - mean_a) ** 2 for x in a) + sum((x - mean_b) ** 2 for x in b)) / df
     half = t_quantile(df) * math.sqrt(variance * (1 / na + 1 / nb))
-    return Difference(delta, half, df, runs_to_resolve(delta, variance))
+    return Difference(delta, half, df, runs_to_resolve(delta, variance), variance)
+
+
+def questions_to_resolve(delta: float, variance: float, accuracy: float, questions: int, runs: int) -> int | None:
+    """How many validation questions would resolve `delta` with `runs` runs per group, if the runs' variance is a
+    binomial part accuracy·(1 - accuracy)/questions (which questions a run is scored on) plus a training part
+    that more questions cannot shrink: the smallest Q with t(0.975, 2·runs - 2)·sqrt(2·(training +
+    accuracy·(1 - accuracy)/Q)/runs) < |delta|. None when even exact scoring would not resolve it (or nothing
+    is measured). difference 0.1, variance 0.0025, accuracy 0.7, 300 questions, 3 runs: training = 0.0025 -
+    0.0007 = 0.0018, and 0.21 / (0.01·3 / (2·2.7764²) - 0.0018) = 1439.3, so 1440."""
+    if delta == 0 or math.isnan(variance) or runs < 2:
+        return None
+    binomial = accuracy * (1 - accuracy)
+    training = max(variance - binomial / questions, 0.0)
+    room = delta ** 2 * runs / (2 * t_quantile(2 * runs - 2) ** 2) - training  # what the binomial part may be
+    if room <= 0:
+        return None
+    return math.floor(binomial / room) + 1
 
 
 def metric_series(metrics: list[dict], key: str) -> dict[int, float]:
