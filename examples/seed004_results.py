@@ -159,8 +159,7 @@ def questions_needed(d, accuracy: float, questions: int | None) -> str:
 
 def findings(loaded: dict) -> list[str]:
     """The page's first table (and the README's): every comparison in one line, with its verdict."""
-    lines = ["## What we found", "",
-             "Final validation accuracy, A - B, mean over seeds with the 95 % two-sample t-interval; **bold** where "
+    lines = ["Final validation accuracy, A - B, mean over seeds with the 95 % two-sample t-interval; **bold** where "
              "the interval excludes 0 (larger than the spread between seeds).", "",
              "| question | A - B, greedy | A - B, sampled (T = 1) |", "|---|---|---|"]
     for section in SECTIONS:
@@ -252,7 +251,8 @@ def load_sweeps(sweeps_root: Path) -> dict:
     return loaded
 
 
-def write_results(sweeps_root: Path = Path("results"), out: Path = Path("docs/results.md")) -> Path:
+def write_results(sweeps_root: Path = Path("results"), out: Path = Path("docs/results.md"),
+                  readme: Path | None = None) -> Path:
     out_dir = out.parent / "results"
     loaded = load_sweeps(sweeps_root)
     body = [
@@ -264,12 +264,29 @@ def write_results(sweeps_root: Path = Path("results"), out: Path = Path("docs/re
         f"`{sweeps_root}`; the wall time of every run is in the last section.",
         "",
     ]
-    body += findings(loaded)
+    body += ["## What we found", "", *findings(loaded)]
     body += [section_markdown(s, sweeps_root, out_dir, loaded) for s in SECTIONS]
     body += run_times(loaded)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(body), encoding="utf-8")
+    if readme is not None:
+        update_readme(readme, findings(loaded))
     return out
+
+
+README_BLOCK = ("<!-- seed004-findings: written by examples/seed004_results.py -->", "<!-- /seed004-findings -->")
+
+
+def update_readme(readme: Path, table: list[str]) -> bool:
+    """Replace what lies between the README's two markers with the findings table; False when it has no markers."""
+    text = readme.read_text(encoding="utf-8")
+    start, end = README_BLOCK
+    if start not in text or end not in text:
+        return False
+    head, rest = text.split(start, 1)
+    tail = rest.split(end, 1)[1]
+    readme.write_text(head + start + "\n" + "\n".join(table) + end + tail, encoding="utf-8")
+    return True
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -277,8 +294,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sweeps", type=Path, default=Path("results"),
                         help="where the sweeps' runs are: their records (default) or runs/sweeps")
     parser.add_argument("--out", type=Path, default=Path("docs/results.md"))
+    parser.add_argument("--readme", type=Path, default=Path("README.md"),
+                        help="whose findings block (between its seed004-findings markers) gets the table")
     args = parser.parse_args(argv)
-    print(f"wrote {write_results(args.sweeps, args.out)}")
+    print(f"wrote {write_results(args.sweeps, args.out, args.readme)}")
 
 
 if __name__ == "__main__":

@@ -702,7 +702,12 @@ def test_seed004_results_page_follows_the_runs(tmp_path):
     write_run(root / "algorithm=maxrl,seed=0", "maxrl", 0, (0.1, 0.9), finished=False)  # not counted yet
     (root / "algorithm=grpo,seed=2" / "RECORD.json").write_text(json.dumps(
         {"machine": {"cpu": "AMD EPYC"}, "start_model_sha256": "0123456789abcdef"}))
-    page = results.write_results(tmp_path / "sweeps", tmp_path / "docs" / "results.md").read_text()
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{results.README_BLOCK[0]}\nold table\n{results.README_BLOCK[1]}\n\nafter\n")
+    page = results.write_results(tmp_path / "sweeps", tmp_path / "docs" / "results.md", readme).read_text()
+    text = readme.read_text()
+    assert "old table" not in text and text.endswith(f"{results.README_BLOCK[1]}\n\nafter\n")
+    assert "| sequence vs constant normalisation (grpo - grpo_constant) | **+0.300 ± 0.227** | - |" in text
     assert "Not counted yet (unfinished): algorithm=maxrl,seed=0." in page
     assert "MaxRL vs GRPO: not measured yet (algorithm=maxrl has no finished runs)" in page
     # grpo [0.5, 0.6, 0.7] - grpo_constant [0.2, 0.4, 0.3]: 0.3 +- 2.7764 * sqrt(0.01 * 2/3) = 0.227
