@@ -211,5 +211,9 @@ def test_every_shipped_sweep_plans_with_a_dry_run(path, tmp_path, monkeypatch):
                                       f"out={tmp_path / 'runs'}"], env=WIDE)
     assert result.exit_code == 0, result.output
     assert f": {expected} runs in {tmp_path / 'runs'}" in result.output
-    assert result.output.rstrip().endswith(f"{expected} new")
+    # Committed records (results/) and other sweeps' finished runs stand in for training; every planned run is
+    # one of these three and nothing is left to resume in a fresh out directory.
+    counts = dict(reversed(part.split()) for part in result.output.rstrip().splitlines()[-1].split(","))
+    assert set(counts) <= {"new", "recorded", "reuse"}, result.output
+    assert sum(int(n) for n in counts.values()) == expected
     assert not (tmp_path / "runs").exists()  # a dry run writes nothing
