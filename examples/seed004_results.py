@@ -141,14 +141,51 @@ def pair_differences(section: Section, loaded: dict) -> list[tuple[str, dict | s
             xa, xb = group_values(a_summary, a_label, metric), group_values(b_summary, b_label, metric)
             if xa and xb:
                 diffs[name] = difference(xa, xb), sum(xa + xb) / len(xa + xb)  # and the pair's mean accuracy
+        runs_a, runs_b = _group_runs(a, section.sweep, loaded), _group_runs(b, section.sweep, loaded)
+        if len(start_models(runs_a + runs_b)) > 1:
+            # The two sides began from different SFT checkpoints (rebuilt in another session): each run's gain
+            # over its own step-0 validation takes the start's accuracy out of the comparison.
+            for key, name in GAIN_SERIES:
+                ga, gb = [g for g in map(lambda r: gain(r, key), runs_a) if g is not None], \
+                         [g for g in map(lambda r: gain(r, key), runs_b) if g is not None]
+                if ga and gb:
+                    diffs[name] = difference(ga, gb), None
         out.append((what, diffs))
     return out
+
+
+GAIN_SERIES = (("val/accuracy", "greedy gain over step 0"), ("val_sampled/accuracy", "sampled gain over step 0"))
+
+
+def gain(run, key: str) -> float | None:
+    """A run's last validation minus its step-0 validation (None without both)."""
+    series = run.series(key)
+    if 0 not in series or len(series) < 2:
+        return None
+    return series[max(series)] - series[0]
+
+
+def _group_runs(ref: str, sweep: str, loaded: dict) -> list:
+    name, _, label = ref.rpartition(":") if ":" in ref else (sweep, "", ref)
+    return [r for g in loaded.get(name, ((),))[0] if g.label == label for r in g.runs]
+
+
+def start_models(runs) -> set[str]:
+    """The start models' sha256 that the runs' RECORD.json name (a run without one adds nothing)."""
+    return {digest for run in runs if (digest := _record_info(run).get("start_model_sha256"))}
+
+
+def _record_info(run) -> dict:
+    try:
+        return json.loads((run.path / RECORD_INFO).read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return {}
 
 
 def questions_needed(d, accuracy: float, questions: int | None) -> str:
     """For an unresolved difference: whether more validation questions, at the same number of seeds, would
     resolve it (runs.questions_to_resolve: the seeds' variance beyond the binomial part stays)."""
-    if d.resolved or not d.df or not questions:
+    if d.resolved or not d.df or not questions or accuracy is None:  # None: a gain, two validations a run
         return ""
     runs = (d.df + 2) // 2
     q = questions_to_resolve(d.mean, d.variance, accuracy, questions, runs)
@@ -168,12 +205,21 @@ def findings(loaded: dict) -> list[str]:
                 lines.append(f"| {what} | not measured yet | |")
                 continue
             cells = []
-            for name in ("greedy", "sampled"):
-                d = diffs[name][0] if name in diffs else None
-                text = "-" if d is None else f"{d.mean:+.3f} ± {d.half_width:.3f}" if d.df else f"{d.mean:+.3f} (1 run a side)"
-                cells.append(f"**{text}**" if d is not None and d.resolved else text)
-            lines.append(f"| {what} | " + " | ".join(cells) + " |")
-    return lines + [""]
+            for name, gain_name in zip(("greedy", "sampled"), (n for _, n in GAIN_SERIES)):
+                cell = " / ".join(_cell(diffs[n][0]) for n in (name, gain_name) if n in diffs)
+                cells.append(cell or "-")
+            mixed = any(n in diffs for _, n in GAIN_SERIES)
+            lines.append(f"| {what}{' †' if mixed else ''} | " + " | ".join(cells) + " |")
+    lines.append("")
+    if any("†" in line for line in lines):
+        lines += ["† The two sides started from different SFT checkpoints (the same recipe rebuilt on another "
+                  "machine): the second number compares each run's gain over its own step-0 validation.", ""]
+    return lines
+
+
+def _cell(d) -> str:
+    text = f"{d.mean:+.3f} ± {d.half_width:.3f}" if d.df else f"{d.mean:+.3f} (1 run a side)"
+    return f"**{text}**" if d.resolved else text
 
 
 def provenance(groups: list[Group]) -> str:
@@ -182,10 +228,7 @@ def provenance(groups: list[Group]) -> str:
     by how much)."""
     machines, starts = Counter(), {}
     for run in (r for g in groups for r in g.runs):
-        try:
-            info = json.loads((run.path / RECORD_INFO).read_text(encoding="utf-8"))
-        except (FileNotFoundError, ValueError):
-            info = {}
+        info = _record_info(run)
         machines[info.get("machine", {}).get("cpu", "unrecorded")] += 1
         digest = (info.get("start_model_sha256") or "unrecorded")[:12]
         greedy = run.series("val/accuracy").get(0)

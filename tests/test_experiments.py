@@ -730,6 +730,22 @@ def test_seed004_results_page_follows_the_runs(tmp_path):
     assert "| on_policy_variants | algorithm=grpo,seed=1 | 0.1 | - | 0.600 | - |" in page
     figures = tmp_path / "docs" / "results" / "on_policy_variants"
     assert (figures / "val_reward.png").is_file() and (figures / "report.html").is_file()
+    assert "†" not in page  # one start model named (the others unrecorded): nothing to take out
+
+    # grpo_token rebuilt from another SFT checkpoint whose step 0 scored higher: the pair also compares each
+    # run's gain over its own step 0 (grpo_token: 0.45 - 0.3, 0.65 - 0.3, 0.55 - 0.3 = 0.15, 0.35, 0.25;
+    # grpo_constant: 0.1, 0.3, 0.2), which here tells the same +0.05 as the finals less the 0.2 head start
+    for seed, final in enumerate((0.45, 0.65, 0.55)):
+        shutil.rmtree(root / f"algorithm=grpo_token,seed={seed}")
+        run = write_run(root / f"algorithm=grpo_token,seed={seed}", "grpo_token", seed, (0.3, 0.4, final))
+        (run / "RECORD.json").write_text(json.dumps({"start_model_sha256": "fedcba9876543210"}))
+        (root / f"algorithm=grpo_constant,seed={seed}" / "RECORD.json").write_text(
+            json.dumps({"start_model_sha256": "0123456789abcdef"}))
+    page = results.write_results(tmp_path / "sweeps", tmp_path / "docs" / "results.md").read_text()
+    assert ("| token-mean vs constant normalisation (grpo_token - grpo_constant) † | **+0.250 ± 0.227** / +0.050 ± "
+            "0.227 | - |") in page
+    assert "† The two sides started from different SFT checkpoints" in page
+    assert "greedy gain over step 0 +0.050 ± 0.227, within the spread" in page
 
 
 def test_gsm8k_comparison_keeps_each_seed_and_pairs_it_with_its_own_start_model(tmp_path, monkeypatch, capsys):
