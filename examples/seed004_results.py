@@ -98,13 +98,16 @@ def section_markdown(section: Section, sweeps_root: Path, out_dir: Path, loaded:
     lines.append("| group | runs (finished) | final greedy accuracy | std | final sampled accuracy | std | s / step | "
                  "clip fraction |")
     lines.append("|---|---|---|---|---|---|---|---|")
+    several_cpus = len({cpu_name(r) for g in groups for r in g.runs}) > 1
     for g, gs in zip(groups, summary.groups):
         cells = [gs.group, f"{gs.n_runs} ({gs.n_finished})"]
         for metric, _ in METRICS:
             s = gs.stats[metric]
             cells += [fmt_spread(s), f"{s.std:.3f}" if s is not None and s.n > 1 else "-"]
         seconds, clip = _median_step_seconds(g), _mean_clip_fraction(g)
-        cells += [f"{seconds:.1f}" if seconds is not None else "-", f"{clip:.3f}" if clip is not None else "-"]
+        # a step's time says more about the processor than the estimator when the groups ran on different ones
+        where = f" ({', '.join(sorted({cpu_name(r) for r in g.runs}))})" if several_cpus else ""
+        cells += [f"{seconds:.1f}{where}" if seconds is not None else "-", f"{clip:.3f}" if clip is not None else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     if unfinished:
         lines.append(f"\nNot counted yet (unfinished): {', '.join(unfinished)}.")
@@ -173,6 +176,12 @@ def _group_runs(ref: str, sweep: str, loaded: dict) -> list:
 def start_models(runs) -> set[str]:
     """The start models' sha256 that the runs' RECORD.json name (a run without one adds nothing)."""
     return {digest for run in runs if (digest := _record_info(run).get("start_model_sha256"))}
+
+
+def cpu_name(run) -> str:
+    """The processor a run's RECORD.json names, shortened ("Intel(R) Xeon(R) Processor" -> "Intel Xeon")."""
+    cpu = _record_info(run).get("machine", {}).get("cpu") or "unrecorded"
+    return " ".join(cpu.replace("(R)", "").replace("(TM)", "").replace(" Processor", "").split())
 
 
 def _record_info(run) -> dict:
