@@ -684,6 +684,11 @@ def test_a_record_keeps_finished_runs_without_weights_and_a_fresh_machine_restor
     run_sweep(load_sweep(twin), plan[:2], echo=lambda line: None)
     copy = tmp_path / "twin" / "seed=1"
     assert (copy / "DONE").is_file() and (copy / "REUSED").is_file() and not (copy / "final").exists()
+    # the reused run keeps the record's provenance, and so does its record in the other sweep (not this machine's)
+    assert (copy / "RECORD.json").read_text() == (record / "learning_rate=1e-05,seed=1" / "RECORD.json").read_text()
+    from rlvr.sweep import record_run
+    other = record_run(copy, tmp_path / "twin_record" / "seed=1", plan[1].config)
+    assert (other / "RECORD.json").read_text() == (copy / "RECORD.json").read_text()
     assert summarize(load_groups([copy])).runs[0].final_val_accuracy == 0.7
 
 

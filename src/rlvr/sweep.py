@@ -352,6 +352,8 @@ def _copy_logs(source: Path, target: Path, cfg: BaseConfig) -> None:
     done = ckpt.done_file(source)
     if done is not None:
         shutil.copy2(done, target / ckpt.RECORD_DONE)
+    if (source / RECORD_INFO).is_file():  # where the run was made travels with its logs
+        shutil.copy2(source / RECORD_INFO, target / RECORD_INFO)
 
 
 def _reuse(run: PlannedRun) -> None:
@@ -367,6 +369,8 @@ def _reuse(run: PlannedRun) -> None:
         (run.path / "final").symlink_to((source / "final").resolve(), target_is_directory=True)
     else:
         shutil.copy2(ckpt.done_file(source), run.path / ckpt.RECORD_DONE)
+    if (source / RECORD_INFO).is_file():
+        shutil.copy2(source / RECORD_INFO, run.path / RECORD_INFO)
     (run.path / "REUSED").write_text(json.dumps({"source": str(source)}) + "\n", encoding="utf-8")
 
 
@@ -395,6 +399,9 @@ def record_run(run_dir: Path, kept: Path, cfg: BaseConfig) -> Path:
     tmp = kept.parent / f".{kept.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     _copy_logs(run_dir, tmp, cfg)
+    if (tmp / RECORD_INFO).is_file():  # a restored or reused run keeps the provenance of where it was trained
+        os.replace(tmp, kept)
+        return kept
     # its times per step are this machine's, and a start model rebuilt on another machine (an SFT checkpoint in
     # runs/) rounds differently: both are kept, so records from several sessions can be told apart
     provenance = {"machine": machine(), "start_model_sha256": ckpt.model_digest(Path(cfg.model)),
