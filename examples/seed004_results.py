@@ -149,8 +149,8 @@ def pair_differences(section: Section, loaded: dict) -> list[tuple[str, dict | s
             # The two sides began from different SFT checkpoints (rebuilt in another session): each run's gain
             # over its own step-0 validation takes the start's accuracy out of the comparison.
             for key, name in GAIN_SERIES:
-                ga, gb = [g for g in map(lambda r: gain(r, key), runs_a) if g is not None], \
-                         [g for g in map(lambda r: gain(r, key), runs_b) if g is not None]
+                ga = [g for r in runs_a if (g := gain(r, key)) is not None]
+                gb = [g for r in runs_b if (g := gain(r, key)) is not None]
                 if ga and gb:
                     diffs[name] = difference(ga, gb), None
         out.append((what, diffs))
@@ -169,8 +169,9 @@ def gain(run, key: str) -> float | None:
 
 
 def _group_runs(ref: str, sweep: str, loaded: dict) -> list:
-    name, _, label = ref.rpartition(":") if ":" in ref else (sweep, "", ref)
-    return [r for g in loaded.get(name, ((),))[0] if g.label == label for r in g.runs]
+    name, label = _split_ref(ref, sweep)
+    groups = loaded[name][0] if name in loaded else []
+    return [r for g in groups if g.label == label for r in g.runs]
 
 
 def start_models(runs) -> set[str]:
@@ -205,6 +206,7 @@ def questions_needed(d, accuracy: float, questions: int | None) -> str:
 
 def findings(loaded: dict) -> list[str]:
     """The page's first table (and the README's): every comparison in one line, with its verdict."""
+    any_mixed = False
     lines = ["Final validation accuracy, A - B, mean over seeds with the 95 % two-sample t-interval; **bold** where "
              "the interval excludes 0 (larger than the spread between seeds).", "",
              "| question | A - B, greedy | A - B, sampled (T = 1) |", "|---|---|---|"]
@@ -218,9 +220,10 @@ def findings(loaded: dict) -> list[str]:
                 cell = " / ".join(_cell(diffs[n][0]) for n in (name, gain_name) if n in diffs)
                 cells.append(cell or "-")
             mixed = any(n in diffs for _, n in GAIN_SERIES)
+            any_mixed |= mixed
             lines.append(f"| {what}{' †' if mixed else ''} | " + " | ".join(cells) + " |")
     lines.append("")
-    if any("†" in line for line in lines):
+    if any_mixed:
         lines += ["† The two sides started from different SFT checkpoints (the same recipe rebuilt on another "
                   "machine): the second number compares each run's gain over its own step-0 validation.", ""]
     return lines
@@ -278,8 +281,14 @@ def run_times(loaded: dict) -> list[str]:
     return lines
 
 
-def _resolve(ref: str, sweep: str, loaded: dict):
+def _split_ref(ref: str, sweep: str) -> tuple[str, str]:
+    """A pair's group reference -> (sweep, group label); "sweep:label" names a group of another sweep."""
     name, _, label = ref.rpartition(":") if ":" in ref else (sweep, "", ref)
+    return name, label
+
+
+def _resolve(ref: str, sweep: str, loaded: dict):
+    name, label = _split_ref(ref, sweep)
     if name not in loaded:
         return None, label
     summary = loaded[name][1]  # finished runs only

@@ -750,11 +750,11 @@ def test_seed004_results_page_follows_the_runs(tmp_path):
     assert ("| token-mean vs constant normalisation (grpo_token - grpo_constant) † | **+0.250 ± 0.227** / +0.050 ± "
             "0.227 | - |") in page
     assert "† The two sides started from different SFT checkpoints" in page
+    assert "greedy gain over step 0 +0.050 ± 0.227, within the spread" in page
     # step times are labelled with the processor when a sweep's runs ran on more than one
     run = type("Run", (), {"path": root / "algorithm=grpo,seed=2"})()
     (run.path / "RECORD.json").write_text(json.dumps({"machine": {"cpu": "Intel(R) Xeon(R) Processor"}}))
     assert results.cpu_name(run) == "Intel Xeon"
-    assert "greedy gain over step 0 +0.050 ± 0.227, within the spread" in page
 
 
 def test_gsm8k_comparison_keeps_each_seed_and_pairs_it_with_its_own_start_model(tmp_path, monkeypatch, capsys):

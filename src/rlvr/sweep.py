@@ -399,14 +399,12 @@ def record_run(run_dir: Path, kept: Path, cfg: BaseConfig) -> Path:
     tmp = kept.parent / f".{kept.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     _copy_logs(run_dir, tmp, cfg)
-    if (tmp / RECORD_INFO).is_file():  # a restored or reused run keeps the provenance of where it was trained
-        os.replace(tmp, kept)
-        return kept
-    # its times per step are this machine's, and a start model rebuilt on another machine (an SFT checkpoint in
-    # runs/) rounds differently: both are kept, so records from several sessions can be told apart
-    provenance = {"machine": machine(), "start_model_sha256": ckpt.model_digest(Path(cfg.model)),
-                  "kept": time.strftime("%Y-%m-%d %H:%M:%S")}
-    (tmp / RECORD_INFO).write_text(json.dumps(provenance, indent=1) + "\n", encoding="utf-8")
+    if not (tmp / RECORD_INFO).is_file():  # trained here (a restored or reused run brought where it was trained)
+        # its times per step are this machine's, and a start model rebuilt on another machine (an SFT checkpoint
+        # in runs/) rounds differently: both are kept, so records from several sessions can be told apart
+        provenance = {"machine": machine(), "start_model_sha256": ckpt.model_digest(Path(cfg.model)),
+                      "kept": time.strftime("%Y-%m-%d %H:%M:%S")}
+        (tmp / RECORD_INFO).write_text(json.dumps(provenance, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, kept)
     return kept
 
