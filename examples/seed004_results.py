@@ -180,9 +180,12 @@ def start_models(runs) -> set[str]:
 
 
 def cpu_name(run) -> str:
-    """The processor a run's RECORD.json names, shortened ("Intel(R) Xeon(R) Processor" -> "Intel Xeon")."""
-    cpu = _record_info(run).get("machine", {}).get("cpu") or "unrecorded"
-    return " ".join(cpu.replace("(R)", "").replace("(TM)", "").replace(" Processor", "").split())
+    """The processor a run's RECORD.json names, shortened ("Intel(R) Xeon(R) Processor" -> "Intel Xeon"), with
+    ", fp32" where it had no native bf16 kernels (a bf16 config then runs in fp32)."""
+    info = _record_info(run).get("machine", {})
+    cpu = " ".join((info.get("cpu") or "unrecorded").replace("(R)", "").replace("(TM)", "")
+                   .replace(" Processor", "").split())
+    return f"{cpu}, fp32" if info.get("native_bf16") is False else cpu
 
 
 def _record_info(run) -> dict:

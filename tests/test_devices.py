@@ -146,3 +146,45 @@ def test_random_model_has_the_shipped_default_config_and_is_seeded():
     assert torch.equal(weight, again.model.layers[0].mlp.down_proj.weight)
     assert not torch.equal(weight, other.model.layers[0].mlp.down_proj.weight)
     assert random_model(dtype="bfloat16").dtype == torch.bfloat16
+
+
+def test_reduced_precision_falls_back_to_float32_only_on_a_cpu_without_native_kernels(monkeypatch):
+    from rlvr.devices import native_dtype
+
+    monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: False)
+    assert native_dtype("bfloat16", "cpu") == "float32" and native_dtype("float16", torch.device("cpu")) == "float32"
+    assert native_dtype("float32", "cpu") == "float32"
+    assert native_dtype("bfloat16", "cuda:0") == "bfloat16"  # a GPU keeps what the config asks for
+    monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: True)
+    assert native_dtype("bfloat16", "cpu") == "bfloat16" and native_dtype("float16", "cpu") == "float16"
+
+
+def test_native_precision_rewrites_the_run_config_not_the_request(monkeypatch, tmp_path):
+    from rlvr.loop_common import native_precision
+
+    cfg = load_config(TrainConfig, overrides={"out": str(tmp_path), "precision": "bf16",
+                                              "generation_dtype": "bfloat16"})
+    where = resolve_placement("cpu")
+    monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: True)
+    assert native_precision(cfg, where) is cfg
+    monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: False)
+    ran = native_precision(cfg, where)
+    assert (ran.precision, ran.generation_dtype) == ("fp32", "float32")
+    assert (cfg.precision, cfg.generation_dtype) == ("bf16", "bfloat16")  # the caller's config is untouched
+    fp32 = load_config(TrainConfig, overrides={"out": str(tmp_path), "precision": "fp32",
+                                               "generation_dtype": "float32"})
+    assert native_precision(fp32, where) is fp32
+
+
+def test_a_bf16_run_on_a_cpu_without_bf16_kernels_is_the_fp32_run_and_records_its_request(tmp_path, model_dir,
+                                                                                         monkeypatch):
+    """Emulated bf16 is tens of times slower than float32 (72x for a matmul on an AVX2-only EPYC): such a CPU
+    runs the fp32 computation, while config.yaml keeps what was asked (a sweep's record still matches its plan)."""
+    from rlvr.rl import train_grpo
+
+    monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: False)
+    train_grpo(train_cfg(model_dir, tmp_path / "fp32", steps=2))
+    train_grpo(train_cfg(model_dir, tmp_path / "bf16", steps=2, precision="bf16", generation_dtype="bfloat16"))
+    assert _metrics(tmp_path / "bf16") == _metrics(tmp_path / "fp32")
+    saved = load_config(TrainConfig, path=tmp_path / "bf16" / "config.yaml")
+    assert (saved.precision, saved.generation_dtype) == ("bf16", "bfloat16")

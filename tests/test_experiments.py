@@ -626,6 +626,9 @@ def test_a_record_keeps_finished_runs_without_weights_and_a_fresh_machine_restor
                                                       "rollouts.jsonl"]
     info = json.loads((kept / "RECORD.json").read_text())
     assert info["machine"]["cores"] == os.cpu_count() and info["start_model_sha256"] is None  # a hub name
+    from rlvr.devices import cpu_has_native
+
+    assert info["machine"]["native_bf16"] is cpu_has_native("bfloat16")  # False: its bf16 config ran in fp32
     assert json.loads((kept / "DONE").read_text()) == {"val/accuracy": 0.7}
     assert read_jsonl(kept / "metrics.jsonl") == read_jsonl(out / "learning_rate=1e-05,seed=1" / "metrics.jsonl")
     # a record that already keeps the run is not written again
@@ -755,6 +758,8 @@ def test_seed004_results_page_follows_the_runs(tmp_path):
     run = type("Run", (), {"path": root / "algorithm=grpo,seed=2"})()
     (run.path / "RECORD.json").write_text(json.dumps({"machine": {"cpu": "Intel(R) Xeon(R) Processor"}}))
     assert results.cpu_name(run) == "Intel Xeon"
+    (run.path / "RECORD.json").write_text(json.dumps({"machine": {"cpu": "AMD EPYC", "native_bf16": False}}))
+    assert results.cpu_name(run) == "AMD EPYC, fp32"  # its bf16 config ran in fp32 (no native bf16 kernels)
 
 
 def test_gsm8k_comparison_keeps_each_seed_and_pairs_it_with_its_own_start_model(tmp_path, monkeypatch, capsys):

@@ -41,8 +41,9 @@ from rlvr import checkpoint as ckpt
 from rlvr import rl
 from rlvr.config import TrainConfig
 from rlvr.data import DataOrder, load_split
-from rlvr.devices import resolve
-from rlvr.loop_common import build_optimizer, load_policy, open_logger, restore, start_run, trainer_state, validate
+from rlvr.devices import native_dtype, resolve, resolve_placement
+from rlvr.loop_common import (build_optimizer, load_policy, native_precision, open_logger, restore, start_run,
+                              trainer_state, validate)
 from rlvr.prompts import get_prompt
 from rlvr.rl import (Rollouts, RunMonitor, _reference_model, _step_metrics, _timed, log_step, next_questions,
                      rollout_sampling, score_rollouts, train_on_rollouts, validation_due)
@@ -74,7 +75,7 @@ class RolloutWorker:
         # device=auto: the GPU Ray gave this actor (distributed.rollout_num_gpus), else the CPU
         model, self.tokenizer = load_model(self.cfg.model, device=resolve(self.cfg.device))
         self.engine = HFEngine(model, self.tokenizer, batch_size=self.cfg.generation_batch_size,
-                               dtype=self.cfg.generation_dtype)
+                               dtype=native_dtype(self.cfg.generation_dtype, resolve(self.cfg.device)))
         self.index, self.version = index, -1
 
     def set_weights(self, weights: dict, version: int) -> int:
@@ -135,6 +136,7 @@ class Learner:
         ckpt.seed_everything(cfg.seed)
         self.run_dir = Path(cfg.out)
         device = resolve(cfg.device)  # auto: the GPU Ray gave this actor (distributed.learner_num_gpus)
+        self.cfg = cfg = native_precision(cfg, resolve_placement(cfg.device))
         self.model, self.tokenizer, state = load_policy(cfg, self.run_dir, [device])
         if self.parallel is not None:  # identical replicas, whatever the loading did (LoRA's random init)
             self.parallel.broadcast_module_(self.model)

@@ -25,8 +25,8 @@ from rlvr.config import DPOConfig
 from rlvr.data import DataError, DataOrder, Example, jsonl_rows, load_split
 from rlvr.estimators import dpo_loss
 from rlvr.devices import input_device
-from rlvr.loop_common import (build_engines, build_optimizer, fmt_metrics, load_frozen, load_policy, open_logger,
-                              placement, restore, start_run, trainer_state, validate)
+from rlvr.loop_common import (build_engines, build_optimizer, fmt_metrics, load_frozen, load_policy, native_precision,
+                              open_logger, placement, restore, start_run, trainer_state, validate)
 from rlvr.policy import autocast, get_response_log_probs, tokenize_prompt_and_output
 from rlvr.prompts import PromptTemplate, get_prompt
 from rlvr.rewards import get_reward_fn, rewards_and_metadata, score_batch
@@ -152,6 +152,7 @@ def train_dpo(cfg: DPOConfig) -> dict:
         return {"final": str(done), "already_finished": True}
     where = placement(cfg)  # a device this machine lacks stops the run here, before anything is written
     run_dir = start_run(cfg)
+    cfg = native_precision(cfg, where)
     ckpt.seed_everything(cfg.seed)
     prompt = get_prompt(cfg.prompt)
     reward_fn = get_reward_fn(prompt.reward)

@@ -153,7 +153,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     from tqdm import tqdm
 
     from rlvr.data import load_split
-    from rlvr.devices import resolve
+    from rlvr.devices import native_dtype, resolve
     from rlvr.models import load_model
     from rlvr.prompts import get_prompt
     from rlvr.hf_engine import HFEngine
@@ -165,7 +165,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     cfg.save(out / "config.yaml")
     model, tokenizer = load_model(cfg.model, device=device)
-    engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size, dtype=cfg.dtype)
+    engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size, dtype=native_dtype(cfg.dtype, device))
     sampling = sampling_params(cfg, stop=prompt.stop, seed=cfg.seed)
     with tqdm(total=len(examples) * cfg.samples, unit="completion", desc=f"eval {cfg.prompt}") as bar:
         result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer, progress=bar.update)

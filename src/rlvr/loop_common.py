@@ -14,7 +14,7 @@ import torch
 from rlvr import checkpoint as ckpt
 from rlvr.config import TrainingFields, sampling_params
 from rlvr.data import DataOrder, Example
-from rlvr.devices import Placement, resolve_placement
+from rlvr.devices import Placement, native_dtype, resolve_placement
 from rlvr.evaluate import evaluate
 from rlvr.hf_engine import HFEngine
 from rlvr.models import cache_dir, load_model, prepare_for_training
@@ -48,6 +48,20 @@ def placement(cfg: TrainingFields) -> Placement:
     where = resolve_placement(cfg.device, cfg.placement)
     log.info("devices: %s", where.describe())
     return where
+
+
+def native_precision(cfg, where: Placement):
+    """`cfg` as this machine runs it: `precision` bf16 becomes fp32 and `generation_dtype` float32 where the
+    policy's or the engines' device has no native kernels for them (devices.native_dtype). Applied after
+    config.yaml is written, so a run records what was asked and the log says what ran; a sweep's record of the
+    same run still matches its plan."""
+    update = {}
+    if cfg.precision == "bf16" and native_dtype("bfloat16", where.main) != "bfloat16":
+        update["precision"] = "fp32"
+    engines = {where.rollout, where.eval}
+    if any(native_dtype(cfg.generation_dtype, d) != cfg.generation_dtype for d in engines):
+        update["generation_dtype"] = "float32"
+    return cfg.model_copy(update=update) if update else cfg
 
 
 def load_policy(cfg: TrainingFields, run_dir: Path, devices=None):

@@ -33,8 +33,8 @@ from rlvr.data import DataOrder, Example, load_split
 from rlvr.estimators import distill_advantages
 from rlvr.evaluate import pass_at_k
 from rlvr.hf_engine import HFEngine
-from rlvr.loop_common import (build_engines, build_optimizer, load_frozen, load_policy, open_logger, placement, restore,
-                              start_run, start_validation, trainer_state, validate)
+from rlvr.loop_common import (build_engines, build_optimizer, load_frozen, load_policy, native_precision, open_logger,
+                              placement, restore, start_run, start_validation, trainer_state, validate)
 from rlvr.policy import tokenize_prompt_and_output
 from rlvr.prompts import PromptTemplate, get_prompt
 from rlvr.rewards import combine_rewards, format_reward_fn, get_reward_fn, rewards_and_metadata, score_batch
@@ -298,6 +298,7 @@ def train_grpo(cfg: TrainConfig) -> dict:
         return train_distributed(cfg)
     where = placement(cfg)  # a device this machine lacks stops the run here, before anything is written
     run_dir = start_run(cfg)
+    cfg = native_precision(cfg, where)
     ckpt.seed_everything(cfg.seed)
     prompt, spec = get_prompt(cfg.prompt), cfg.estimator
     train = load_split(cfg, "train", cfg.train_limit)
@@ -525,6 +526,7 @@ def evaluate_finished(cfg: TrainConfig, final: Path) -> dict:
 
     log.info("%s holds a finished model; evaluating it instead of training", final)
     where = placement(cfg)
+    cfg = native_precision(cfg, where)
     model, tokenizer = load_model(str(final), device=where.eval)
     engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)
     val = load_split(cfg, "validation", cfg.eval_limit)

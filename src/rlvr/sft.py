@@ -18,8 +18,8 @@ import torch
 from rlvr import checkpoint as ckpt
 from rlvr.config import SFTConfig
 from rlvr.data import DataOrder, load_split
-from rlvr.loop_common import (build_engines, build_optimizer, fmt_metrics, load_policy, open_logger, placement,
-                              restore, start_run, trainer_state, validate)
+from rlvr.loop_common import (build_engines, build_optimizer, fmt_metrics, load_policy, native_precision, open_logger,
+                              placement, restore, start_run, trainer_state, validate)
 from rlvr.policy import autocast, get_response_log_probs, sft_microbatch_train_step, tokenize_prompt_and_output
 from rlvr.prompts import get_prompt
 
@@ -37,6 +37,7 @@ def train_sft(cfg: SFTConfig) -> dict:
         return {"final": str(done), "already_finished": True}
     where = placement(cfg)  # a device this machine lacks stops the run here, before anything is written
     run_dir = start_run(cfg)
+    cfg = native_precision(cfg, where)
     ckpt.seed_everything(cfg.seed)
     prompt = get_prompt(cfg.prompt)
     train = load_split(cfg, "train", cfg.train_limit)

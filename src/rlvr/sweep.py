@@ -413,10 +413,14 @@ RECORD_INFO = "RECORD.json"
 
 
 def machine() -> dict:
-    """The processor, its cores and torch's version: what a record's wall times depend on."""
+    """The processor, its cores, torch's version and whether the CPU has native bf16 kernels (without them a bf16
+    run computes in fp32, devices.native_dtype): what a record's wall times and numbers depend on."""
     import torch
 
-    return {"cpu": ckpt.cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__}
+    from rlvr.devices import cpu_has_native
+
+    return {"cpu": ckpt.cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
+            "native_bf16": cpu_has_native("bfloat16")}
 
 
 def format_plan(sweep: Sweep, plan: Sequence[PlannedRun]) -> str:
