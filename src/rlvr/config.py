@@ -237,7 +237,8 @@ class EvalConfig(DataFields):
     max_new_tokens: int = Field(512, ge=1)
     repetition_penalty: float = Field(1.0, gt=0)
     batch_size: int = Field(64, ge=1, description="rows decoded together")
-    dtype: Dtype = Field("float32", description="generation dtype (bfloat16 is about 2x faster on this CPU)")
+    dtype: Dtype = Field("float32", description="generation dtype (bfloat16 is about 2x faster on a CPU with "
+                         "AVX512-BF16 or AMX; one without native kernels runs float32)")
     device: str = Field("auto", description=DEVICE_HELP)
     out: str | None = Field(None, description="output directory (default runs/eval/<model>-<prompt>-<split>)")
     examples_per_category: int = Field(2, ge=0, description="example responses printed per category")
@@ -266,7 +267,8 @@ class TrainingFields(DataFields):
     warmup_steps: int = Field(0, ge=0)
     lr_schedule: Literal["constant", "cosine"] = "constant"
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine decays to learning_rate * min_lr_ratio")
-    precision: Literal["fp32", "bf16"] = Field("bf16", description="bf16 = autocast with fp32 master weights")
+    precision: Literal["fp32", "bf16"] = Field("bf16", description="bf16 = autocast with fp32 master weights "
+                                               "(fp32 on a CPU without native bf16 kernels)")
     microbatch_size: int = Field(8, ge=1, description="sequences per forward/backward pass")
     gradient_checkpointing: bool = False
     share_prefix: bool = Field(True, description="run a microbatch's common prompt prefix once (exact; off with "
@@ -288,7 +290,8 @@ class TrainingFields(DataFields):
     eval_sampled_samples: int = Field(0, ge=0, description="also validate with N samples per question at "
                                       "eval_sampled_temperature (0: off): val_sampled/accuracy = sampled pass@1")
     eval_sampled_temperature: float = Field(1.0, gt=0, description="temperature of the sampled validation")
-    generation_dtype: Dtype = Field("bfloat16", description="dtype of the rollout/eval engine's weight copy")
+    generation_dtype: Dtype = Field("bfloat16", description="dtype of the rollout/eval engine's weight copy "
+                                    "(float32 on a CPU without native kernels for it)")
     generation_batch_size: int = Field(64, ge=1, description="rows decoded together; larger pays when G samples "
                                        "share a prompt (256 at G=16: 1.6x of 64), not at one sample per prompt (0.84x)")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
