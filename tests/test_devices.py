@@ -154,9 +154,13 @@ def test_reduced_precision_falls_back_to_float32_only_on_a_cpu_without_native_ke
     monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: False)
     assert native_dtype("bfloat16", "cpu") == "float32" and native_dtype("float16", torch.device("cpu")) == "float32"
     assert native_dtype("float32", "cpu") == "float32"
-    assert native_dtype("bfloat16", "cuda:0") == "bfloat16"  # a GPU keeps what the config asks for
     monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: True)
     assert native_dtype("bfloat16", "cpu") == "bfloat16" and native_dtype("float16", "cpu") == "float16"
+    # a GPU keeps bf16 where it has bf16 units (Ampere and later), not on a T4 or V100; fp16 everywhere
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert native_dtype("bfloat16", "cuda:0") == "bfloat16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    assert native_dtype("bfloat16", "cuda:0") == "float32" and native_dtype("float16", "cuda") == "float16"
 
 
 def test_native_precision_rewrites_the_run_config_not_the_request(monkeypatch, tmp_path):

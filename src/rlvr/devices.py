@@ -59,16 +59,32 @@ def resolve(name: str, field: str = "device", default: str = "auto"):
 
 
 def native_dtype(dtype: str, device) -> str:
-    """`dtype` ("float32", "bfloat16", "float16"), or "float32" when `device` is a CPU without native kernels for
-    that reduced precision: oneDNN then emulates it, and a bf16 matmul ran 72x slower than the float32 one on an
-    AVX2-only AMD EPYC (9.8 ms vs 710 ms for 512 x 576 x 1536), which turns a 4-minute SFT into hours. GPUs and
-    CPUs with AVX512-BF16 or AMX keep `dtype`. Warns once per dtype when it falls back."""
+    """`dtype` ("float32", "bfloat16", "float16"), or "float32" when `device` has no native kernels for that
+    reduced precision and would emulate it: on a CPU without AVX512-BF16 or AMX a bf16 matmul ran 72x slower
+    than the float32 one (an AVX2-only AMD EPYC: 710 ms vs 9.8 ms for 512 x 576 x 1536), which turns a
+    4-minute SFT into hours; a GPU older than Ampere (a T4, a V100) has no bf16 units either. Warns once per
+    (device kind, dtype) when it falls back."""
     import torch
 
-    if dtype == "float32" or torch.device(device).type != "cpu" or cpu_has_native(dtype):
+    kind = torch.device(device).type
+    if dtype == "float32" or has_native(dtype, kind):
         return dtype
-    _warn_emulated(dtype)
+    _warn_emulated(dtype, kind)
     return "float32"
+
+
+def has_native(dtype: str, kind: str) -> bool:
+    """Whether devices of `kind` ("cpu", "cuda") here compute in `dtype` natively (True where torch cannot tell)."""
+    if kind == "cpu":
+        return cpu_has_native(dtype)
+    if kind == "cuda" and dtype == "bfloat16":
+        import torch
+
+        try:
+            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        except (AssertionError, RuntimeError, TypeError):
+            return True
+    return True
 
 
 @functools.cache
@@ -84,19 +100,21 @@ def cpu_has_native(dtype: str) -> bool:
 
 
 @functools.cache
-def _warn_emulated(dtype: str) -> None:
-    log.warning("this CPU has no native %s kernels (torch sees %s); running %s work in float32, which is many "
-                "times faster here. Numbers differ slightly from a machine that runs %s", dtype,
-                _cpu_capability(), dtype, dtype)
+def _warn_emulated(dtype: str, kind: str) -> None:
+    log.warning("this %s has no native %s kernels (%s); running %s work in float32, which is many times faster "
+                "here. Numbers differ slightly from a machine that runs %s", "CPU" if kind == "cpu" else "GPU",
+                dtype, _capability(kind), dtype, dtype)
 
 
-def _cpu_capability() -> str:
+def _capability(kind: str) -> str:
     import torch
 
     try:
-        return torch.backends.cpu.get_cpu_capability()
-    except AttributeError:
-        return "an unknown capability"
+        if kind == "cuda":
+            return f"{torch.cuda.get_device_name()}, compute capability {torch.cuda.get_device_capability()}"
+        return f"torch sees {torch.backends.cpu.get_cpu_capability()}"
+    except (AttributeError, AssertionError, RuntimeError):
+        return "capability unknown"
 
 
 def layer_plan(num_layers: int, devices: list) -> list:
