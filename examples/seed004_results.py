@@ -139,11 +139,14 @@ def pair_differences(section: Section, loaded: dict) -> list[tuple[str, dict | s
         if a_summary is None or b_summary is None:
             out.append((what, f"not measured yet ({a if a_summary is None else b} has no finished runs)"))
             continue
-        diffs = {}
+        diffs, sizes = {}, set()
         for metric, name in METRICS:
             xa, xb = group_values(a_summary, a_label, metric), group_values(b_summary, b_label, metric)
             if xa and xb:
                 diffs[name] = difference(xa, xb), sum(xa + xb) / len(xa + xb)  # and the pair's mean accuracy
+                sizes.add((len(xa), len(xb)))
+        if any(na != nb for na, nb in sizes):  # a side still short of seeds: its interval leans on the other's spread
+            what = f"{what} (n = {' / '.join(f'{na} vs {nb}' for na, nb in sorted(sizes))})"
         runs_a, runs_b = _group_runs(a, section.sweep, loaded), _group_runs(b, section.sweep, loaded)
         if len(start_models(runs_a + runs_b)) > 1:
             # The two sides began from different SFT checkpoints (rebuilt in another session): each run's gain

@@ -760,6 +760,11 @@ def test_seed004_results_page_follows_the_runs(tmp_path):
     assert results.cpu_name(run) == "Intel Xeon"
     (run.path / "RECORD.json").write_text(json.dumps({"machine": {"cpu": "AMD EPYC", "native_bf16": False}}))
     assert results.cpu_name(run) == "AMD EPYC, fp32"  # its bf16 config ran in fp32 (no native bf16 kernels)
+    # a side still short of seeds says so: its interval rests on the other side's spread alone
+    for seed in (1, 2):
+        shutil.rmtree(root / f"algorithm=grpo_token,seed={seed}")
+    page = results.write_results(tmp_path / "sweeps", tmp_path / "docs" / "results.md").read_text()
+    assert "| token-mean vs constant normalisation (grpo_token - grpo_constant) (n = 1 vs 3) † |" in page
 
 
 def test_gsm8k_comparison_keeps_each_seed_and_pairs_it_with_its_own_start_model(tmp_path, monkeypatch, capsys):
