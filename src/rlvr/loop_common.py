@@ -50,7 +50,7 @@ def placement(cfg: TrainingFields) -> Placement:
     return where
 
 
-def native_precision(cfg, where: Placement):
+def native_precision(cfg: TrainingFields, where: Placement) -> TrainingFields:
     """`cfg` as this machine runs it: `precision` bf16 becomes fp32 and `generation_dtype` float32 where the
     policy's or the engines' device has no native kernels for them (devices.native_dtype). Applied after
     config.yaml is written, so a run records what was asked and the log says what ran; a sweep's record of the
