@@ -73,9 +73,10 @@ class RolloutWorker:
         self.cfg = TrainConfig.model_validate(cfg)
         _threads(self.cfg.distributed.rollout_num_cpus)
         # device=auto: the GPU Ray gave this actor (distributed.rollout_num_gpus), else the CPU
-        model, self.tokenizer = load_model(self.cfg.model, device=resolve(self.cfg.device))
+        device = resolve(self.cfg.device)
+        model, self.tokenizer = load_model(self.cfg.model, device=device)
         self.engine = HFEngine(model, self.tokenizer, batch_size=self.cfg.generation_batch_size,
-                               dtype=native_dtype(self.cfg.generation_dtype, resolve(self.cfg.device)))
+                               dtype=native_dtype(self.cfg.generation_dtype, device))
         self.index, self.version = index, -1
 
     def set_weights(self, weights: dict, version: int) -> int:
