@@ -125,7 +125,7 @@ def lr_figure(groups: Sequence[Group], band: Band = "ci") -> Figure | None:
     ax.set_ylabel("final validation accuracy (reward)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.suptitle(f"Final validation accuracy vs learning rate — {BAND_NAMES[band]}")
+    fig.suptitle(f"Final validation accuracy vs learning rate\n{BAND_NAMES[band]}", fontsize=10)
     return fig
 
 
