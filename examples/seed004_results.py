@@ -71,6 +71,31 @@ SECTIONS = (
 )
 
 
+def never_trained(runs) -> bool:
+    """True when no run trained a single update: at every step every group of rollouts shared one reward, so
+    every advantage was 0 and rlvr pruned every rollout. Such runs end as their start model began."""
+    counts = [v for r in runs for v in r.series("train/updates_trained").values()]
+    return bool(counts) and not any(counts)
+
+
+def never_trained_notes(groups: list[Group]) -> list[str]:
+    """A sentence for each group that never trained: its final accuracy is its start's, not the method's."""
+    lines = []
+    for g in groups:
+        if not never_trained(g.runs):
+            continue
+        steps = max(len(r.series("train/updates_trained")) for r in g.runs)
+        rewards = [v for r in g.runs for v in r.series("train/reward").values()]
+        tokens = [v for r in g.runs for v in r.series("rollout/mean_tokens").values()]
+        lines.append(f"\n**{g.label} never trained:** in its {len(g.runs)} run(s), at each of {steps} steps, every "
+                     f"group of rollouts got one reward (mean train reward {statistics.fmean(rewards):.3f}"
+                     + (f", mean response {statistics.fmean(tokens):.1f} tokens" if tokens else "")
+                     + "), so every advantage was 0 and no update was trained: its final accuracy is its start "
+                     "model's, and a difference against it says how well the start model fits this setting, not "
+                     "what the method learned.")
+    return lines
+
+
 def _median_step_seconds(group: Group) -> float | None:
     times = [t for run in group.runs for t in run.series("time/step").values()]
     return statistics.median(times) if times else None
@@ -111,6 +136,7 @@ def section_markdown(section: Section, sweeps_root: Path, out_dir: Path, loaded:
         lines.append("| " + " | ".join(cells) + " |")
     if unfinished:
         lines.append(f"\nNot counted yet (unfinished): {', '.join(unfinished)}.")
+    lines += never_trained_notes(groups)
     lines.append(provenance(groups))
     lines.append("\nMean ± 95 % t-interval over seeds (t(0.975, n-1)·s/√n). Differences (A - B, 95 % two-sample "
                  "t-interval, pooled variance):\n")
@@ -212,12 +238,12 @@ def questions_needed(d, accuracy: float, questions: int | None) -> str:
 
 def findings(loaded: dict) -> list[str]:
     """The page's first table (and the README's): every comparison in one line, with its verdict."""
-    any_mixed = False
+    any_mixed = any_idle = False
     lines = ["Final validation accuracy, A - B, mean over seeds with the 95 % two-sample t-interval; **bold** where "
              "the interval excludes 0 (larger than the spread between seeds).", "",
              "| question | A - B, greedy | A - B, sampled (T = 1) |", "|---|---|---|"]
     for section in SECTIONS:
-        for what, diffs in pair_differences(section, loaded):
+        for (_, a, b), (what, diffs) in zip(section.pairs, pair_differences(section, loaded)):
             if isinstance(diffs, str):
                 lines.append(f"| {what} | not measured yet | |")
                 continue
@@ -227,11 +253,17 @@ def findings(loaded: dict) -> list[str]:
                 cells.append(cell or "-")
             mixed = any(n in diffs for _, n in GAIN_SERIES)
             any_mixed |= mixed
-            lines.append(f"| {what}{' †' if mixed else ''} | " + " | ".join(cells) + " |")
+            idle = any(never_trained(_group_runs(ref, section.sweep, loaded)) for ref in (a, b))
+            any_idle |= idle
+            marks = (" †" if mixed else "") + (" ‡" if idle else "")
+            lines.append(f"| {what}{marks} | " + " | ".join(cells) + " |")
     lines.append("")
     if any_mixed:
         lines += ["† The two sides started from different SFT checkpoints (the same recipe rebuilt on another "
                   "machine): the second number compares each run's gain over its own step-0 validation.", ""]
+    if any_idle:
+        lines += ["‡ One side never trained (no reward spread in any group at any step, so no update): the "
+                  "difference compares its start model with the other side's result.", ""]
     return lines
 
 
@@ -245,15 +277,24 @@ def provenance(groups: list[Group]) -> str:
     models, since an SFT checkpoint rebuilt in another session rounds differently (its step-0 validation shows
     by how much)."""
     machines, starts = Counter(), {}
-    for run in (r for g in groups for r in g.runs):
-        info = _record_info(run)
-        machines[info.get("machine", {}).get("cpu", "unrecorded")] += 1
-        digest = (info.get("start_model_sha256") or "unrecorded")[:12]
-        greedy = run.series("val/accuracy").get(0)
-        starts.setdefault(digest, [0, greedy])[0] += 1
+    for g in groups:
+        for run in g.runs:
+            info = _record_info(run)
+            machines[info.get("machine", {}).get("cpu", "unrecorded")] += 1
+            digest = (info.get("start_model_sha256") or "unrecorded")[:12]
+            count, step0 = starts.setdefault(digest, [0, {}])
+            starts[digest][0] = count + 1
+            step0.setdefault(g.label, run.series("val/accuracy").get(0))  # greedy: the same for every seed
+
+    def accuracy(step0: dict) -> str:  # one number, or one per group where the groups' prompts (say) differ
+        fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+        if len(set(step0.values())) == 1:
+            return fmt(next(iter(step0.values())))
+        return ", ".join(f"{label} {fmt(v)}" for label, v in step0.items())
+
     where = ", ".join(f"{n} on {cpu}" for cpu, n in machines.most_common())
-    start = "; ".join(f"{digest} ({n} run{'s' * (n != 1)}, step-0 greedy accuracy "
-                      f"{'-' if greedy is None else f'{greedy:.3f}'})" for digest, (n, greedy) in starts.items())
+    start = "; ".join(f"{digest} ({n} run{'s' * (n != 1)}, step-0 greedy accuracy {accuracy(step0)})"
+                      for digest, (n, step0) in starts.items())
     return f"\nRuns: {where}. Start model (sha256 of the weights): {start}."
 
 

@@ -767,6 +767,40 @@ def test_seed004_results_page_follows_the_runs(tmp_path):
     assert "| token-mean vs constant normalisation (grpo_token - grpo_constant) (n = 1 vs 3) † |" in page
 
 
+def test_seed004_results_page_says_when_a_group_never_trained(tmp_path):
+    """A prompt whose rollouts all score 0 gives every group one reward: no advantage, no update. The page must
+    say so instead of reading its (start model's) accuracy as the prompt's result."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("seed004_results", SWEEPS.parent / "examples" / "seed004_results.py")
+    results = importlib.util.module_from_spec(spec)
+    sys.modules["seed004_results"] = results
+    spec.loader.exec_module(results)
+    root = tmp_path / "sweeps" / "prompt_ablation"
+    for seed in range(3):
+        write_run(root / f"prompt=r1_zero,seed={seed}", seed=seed, val=(0.6, 0.65, 0.7 + 0.01 * seed), prompt="r1_zero")
+        run = write_run(root / f"prompt=question_only,seed={seed}", seed=seed, val=(0.0, 0.0, 0.0),
+                        prompt="question_only")
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for row in rows[1:]:
+            row.update({"train/updates_trained": 0, "train/reward": 0.0, "rollout/mean_tokens": 15.0})
+            row.pop("train/loss")
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        rows = [json.loads(line) for line in (root / f"prompt=r1_zero,seed={seed}" / "metrics.jsonl").read_text()
+                .splitlines()]  # one trained update a step: not flagged
+        for row in rows[1:]:
+            row["train/updates_trained"] = 1
+        (root / f"prompt=r1_zero,seed={seed}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = results.write_results(tmp_path / "sweeps", tmp_path / "docs" / "results.md").read_text()
+    assert ("**prompt=question_only never trained:** in its 3 run(s), at each of 4 steps, every group of rollouts got "
+            "one reward (mean train reward 0.000, mean response 15.0 tokens)") in page
+    assert "prompt=r1_zero never trained" not in page
+    # 0 - [0.70, 0.71, 0.72]: -0.71, pooled s^2 = 0.0001 / 2, t(4) = 2.7764: 2.7764 * sqrt(0.00005 * 2/3) = 0.016
+    assert "| question_only vs r1_zero ‡ | **-0.710 ± 0.016** | - |" in page
+    assert "‡ One side never trained" in page
+    assert "| r1_zero three-shot vs r1_zero | not measured yet | |" in page
+
+
 def test_gsm8k_comparison_keeps_each_seed_and_pairs_it_with_its_own_start_model(tmp_path, monkeypatch, capsys):
     """examples/gsm8k_rl_vs_sft.py with its rlvr commands replaced by files: a recorded seed is not run again in a
     fresh checkout, and the table's difference is paired per seed."""
