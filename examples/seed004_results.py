@@ -169,7 +169,8 @@ def pair_differences(section: Section, loaded: dict) -> list[tuple[str, dict | s
         for metric, name in METRICS:
             xa, xb = group_values(a_summary, a_label, metric), group_values(b_summary, b_label, metric)
             if xa and xb:
-                diffs[name] = difference(xa, xb), sum(xa + xb) / len(xa + xb)  # and the pair's mean accuracy
+                # and the pair's mean accuracy, for questions_needed, whose estimate assumes as many seeds a side
+                diffs[name] = difference(xa, xb), sum(xa + xb) / len(xa + xb) if len(xa) == len(xb) else None
                 sizes.add((len(xa), len(xb)))
         if any(na != nb for na, nb in sizes):  # a side still short of seeds: its interval leans on the other's spread
             what = f"{what} (n = {' / '.join(f'{na} vs {nb}' for na, nb in sorted(sizes))})"
@@ -227,7 +228,7 @@ def _record_info(run) -> dict:
 def questions_needed(d, accuracy: float, questions: int | None) -> str:
     """For an unresolved difference: whether more validation questions, at the same number of seeds, would
     resolve it (runs.questions_to_resolve: the seeds' variance beyond the binomial part stays)."""
-    if d.resolved or not d.df or not questions or accuracy is None:  # None: a gain, two validations a run
+    if d.resolved or not d.df or not questions or accuracy is None:  # None: a gain, or unequal seeds a side
         return ""
     runs = (d.df + 2) // 2
     q = questions_to_resolve(d.mean, d.variance, accuracy, questions, runs)

@@ -765,6 +765,8 @@ def test_seed004_results_page_follows_the_runs(tmp_path):
         shutil.rmtree(root / f"algorithm=grpo_token,seed={seed}")
     page = results.write_results(tmp_path / "sweeps", tmp_path / "docs" / "results.md").read_text()
     assert "| token-mean vs constant normalisation (grpo_token - grpo_constant) (n = 1 vs 3) † |" in page
+    line = next(x for x in page.splitlines() if x.startswith("- token-mean vs constant normalisation"))
+    assert "validation questions would" not in line  # that estimate assumes as many seeds a side
 
 
 def test_seed004_results_page_says_when_a_group_never_trained(tmp_path):
