@@ -299,16 +299,26 @@ def provenance(groups: list[Group]) -> str:
     return f"\nRuns: {where}. Start model (sha256 of the weights): {start}."
 
 
+RESUME_SLACK_S = 60.0  # a step's checkpoint and logging, beyond its logged generate/train/validate seconds
+
+
 def wall_minutes(run) -> float | None:
     """A run's wall time from its log: first to last logged step, plus step 0's validation when it was computed
-    (not read from the cache); model loading (seconds) is not logged and not counted."""
+    (not read from the cache); model loading (seconds) is not logged and not counted. A step logged much later
+    than its own work explains (a pause, or a resume in a later session: the gap, the reload and the steps
+    redone after the checkpoint) counts as its logged work, so the column says what a run costs."""
     rows = [r for r in run.metrics if isinstance(r.get("time"), (int, float))]
     if not rows:
         return None
     first = rows[0]
-    start = 0.0 if first.get("time/validate_cached") else (first.get("val/seconds", 0.0)
+    total = 0.0 if first.get("time/validate_cached") else (first.get("val/seconds", 0.0)
                                                             + first.get("val_sampled/seconds", 0.0))
-    return (rows[-1]["time"] - first["time"] + start) / 60
+    for before, row in zip(rows, rows[1:]):
+        elapsed = row["time"] - before["time"]
+        if "time/step" in row:
+            elapsed = min(elapsed, row["time/step"] + row.get("time/validate", 0.0) + RESUME_SLACK_S)
+        total += elapsed
+    return total / 60
 
 
 def run_times(loaded: dict) -> list[str]:

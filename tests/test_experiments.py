@@ -803,6 +803,23 @@ def test_seed004_results_page_says_when_a_group_never_trained(tmp_path):
     assert "| r1_zero three-shot vs r1_zero | not measured yet | |" in page
 
 
+def test_seed004_wall_time_leaves_out_the_gap_of_a_resume():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("seed004_results", SWEEPS.parent / "examples" / "seed004_results.py")
+    results = importlib.util.module_from_spec(spec)
+    sys.modules["seed004_results"] = results
+    spec.loader.exec_module(results)
+    rows = [{"step": 0, "time": 0.0, "val/seconds": 30.0, "val_sampled/seconds": 30.0},
+            {"step": 1, "time": 50.0, "time/step": 45.0},
+            {"step": 2, "time": 130.0, "time/step": 40.0, "time/validate": 30.0},  # 10 s of checkpoint: counted
+            {"step": 3, "time": 1330.0, "time/step": 50.0}]  # resumed a session later: 50 + 60 s of slack
+    run = type("Run", (), {"metrics": rows})()
+    assert results.wall_minutes(run) == pytest.approx((60 + 50 + 80 + 110) / 60)
+    rows[0]["time/validate_cached"] = True
+    assert results.wall_minutes(run) == pytest.approx((50 + 80 + 110) / 60)
+
+
 def test_gsm8k_comparison_keeps_each_seed_and_pairs_it_with_its_own_start_model(tmp_path, monkeypatch, capsys):
     """examples/gsm8k_rl_vs_sft.py with its rlvr commands replaced by files: a recorded seed is not run again in a
     fresh checkout, and the table's difference is paired per seed."""
