@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from collections import Counter
@@ -69,6 +70,44 @@ SECTIONS = (
             (("question_only vs r1_zero", "prompt=question_only", "prompt=r1_zero"),
              ("r1_zero three-shot vs r1_zero", "prompt=r1_zero_three_shot", "prompt=r1_zero"))),
 )
+
+
+def answer(groups: list[Group], summary) -> list[str]:
+    """The section's answer in one sentence per metric: the group with the highest mean final accuracy, the groups
+    whose difference from it is within the spread (tied with it, as far as these seeds can tell) and those below
+    it by more than the spread. Groups that never trained or that began from another checkpoint say so."""
+    flags = {g.label: [] for g in groups}
+    for g in groups:
+        if never_trained(g.runs):
+            flags[g.label].append("never trained")
+    if len(start_models([r for g in groups for r in g.runs])) > 1:
+        flags = {label: [*f, "†"] for label, f in flags.items()}
+    lines = []
+    for metric, name in METRICS:
+        values = {gs.group: xs for gs in summary.groups if (xs := group_values(summary, gs.group, metric))}
+        if len(values) < 2:
+            continue
+        best = max(values, key=lambda label: statistics.fmean(values[label]))
+        tied, below, single = [], [], []
+        for label, xs in values.items():
+            if label != best:
+                d = difference(values[best], xs)
+                (single if math.isnan(d.half_width) else below if d.resolved else tied).append(label)
+
+        def named(labels):
+            return ", ".join(f"{x} ({statistics.fmean(values[x]):.3f}"
+                             + "".join(f", {f}" for f in flags.get(x, ()) if f != "†") + ")" for x in labels)
+
+        parts = [f"highest {named([best])}",
+                 f"within the spread of it: {named(tied) if tied else 'none'}",
+                 f"below it by more than the spread: {named(below) if below else 'none'}"]
+        if single:
+            parts.append(f"one run a side, no interval yet: {named(single)}")
+        lines.append(f"\n**Answer, final {name} accuracy:** " + "; ".join(parts) + ".")
+    if lines and any("†" in f for f in flags.values()):
+        lines.append("\n(The groups began from different SFT checkpoints: the comparisons below also give each "
+                     "run's gain over its own step 0.)")
+    return lines
 
 
 def never_trained(runs) -> bool:
@@ -136,6 +175,7 @@ def section_markdown(section: Section, sweeps_root: Path, out_dir: Path, loaded:
         lines.append("| " + " | ".join(cells) + " |")
     if unfinished:
         lines.append(f"\nNot counted yet (unfinished): {', '.join(unfinished)}.")
+    lines += answer(groups, summary)
     lines += never_trained_notes(groups)
     lines.append(provenance(groups))
     lines.append("\nMean ± 95 % t-interval over seeds (t(0.975, n-1)·s/√n). Differences (A - B, 95 % two-sample "

@@ -722,6 +722,9 @@ def test_seed004_results_page_follows_the_runs(tmp_path):
     assert ("- sequence vs constant normalisation (grpo - grpo_constant): greedy +0.300 ± 0.227, larger than the "
             "spread") in page
     assert "| algorithm=grpo | 3 (3) | 0.600 ± 0.248 | 0.100 |" in page
+    # grpo - grpo_token: 0.25 > 0.227, also resolved; maxrl's unfinished run is not in the answer
+    assert ("**Answer, final greedy accuracy:** highest algorithm=grpo (0.600); within the spread of it: none; below it "
+            "by more than the spread: algorithm=grpo_constant (0.300), algorithm=grpo_token (0.350).") in page
     # grpo_token - grpo_constant: +0.05, pooled variance 0.01; at 200 questions and accuracy 0.325 the binomial part
     # is 0.0011, leaving 0.0089 > 0.05^2 * 3 / (2 * 2.7764^2) = 0.00049 to training: no number of questions;
     # 32 seeds would: t(62) * sqrt(0.02 / 32) = 1.9990 * 0.025 = 0.04998 < 0.05 (31: 2.0003 * 0.02540 = 0.0508)
@@ -754,6 +757,10 @@ def test_seed004_results_page_follows_the_runs(tmp_path):
             "0.227 | - |") in page
     assert "† The two sides started from different SFT checkpoints" in page
     assert "greedy gain over step 0 +0.050 ± 0.227, within the spread" in page
+    # grpo_token now [0.45, 0.65, 0.55]: grpo - grpo_token +0.05 +- 0.227, within; grpo - grpo_constant beyond
+    assert ("**Answer, final greedy accuracy:** highest algorithm=grpo (0.600); within the spread of it: "
+            "algorithm=grpo_token (0.550); below it by more than the spread: algorithm=grpo_constant (0.300).") in page
+    assert "(The groups began from different SFT checkpoints" in page
     # step times are labelled with the processor when a sweep's runs ran on more than one
     run = type("Run", (), {"path": root / "algorithm=grpo,seed=2"})()
     (run.path / "RECORD.json").write_text(json.dumps({"machine": {"cpu": "Intel(R) Xeon(R) Processor"}}))
@@ -800,6 +807,8 @@ def test_seed004_results_page_says_when_a_group_never_trained(tmp_path):
     # 0 - [0.70, 0.71, 0.72]: -0.71, pooled s^2 = 0.0001 / 2, t(4) = 2.7764: 2.7764 * sqrt(0.00005 * 2/3) = 0.016
     assert "| question_only vs r1_zero ‡ | **-0.710 ± 0.016** | - |" in page
     assert "‡ One side never trained" in page
+    assert ("**Answer, final greedy accuracy:** highest prompt=r1_zero (0.710); within the spread of it: none; below "
+            "it by more than the spread: prompt=question_only (0.000, never trained).") in page
     assert "| r1_zero three-shot vs r1_zero | not measured yet | |" in page
 
 
