@@ -5,7 +5,7 @@
 
 It reads the sweeps' records (results/<sweep>/: every finished run's logs, committed with the code, so the page can
 be rebuilt from a fresh checkout and a sweep longer than one machine's session accumulates there). For each sweep:
-the figures (`rlvr plot`, into docs/results/<sweep>/, the command printed
+the figures (`rlvr plot --only`, into docs/results/<sweep>/, the command printed
 under them), the HTML report (`rlvr report`, into docs/results/<sweep>/report.html), a table per group (final
 greedy and sampled validation accuracy, mean with a 95 % t-interval over seeds, the seeds' standard deviation,
 seconds per step, clip fraction), and the comparisons the question asks for: each pair's difference with its 95 %
@@ -157,7 +157,8 @@ def section_markdown(section: Section, sweeps_root: Path, out_dir: Path, loaded:
     page = write_report([root], figures_dir / "report.html", title=f"seed 004: {section.sweep}")  # every run
     lines = [head]  # image paths relative to the page, which sits next to out_dir
     lines += [f"![{name}]({out_dir.name}/{section.sweep}/{name}.png)" for name in section.figures if name in figures]
-    lines.append(f"\n`rlvr plot {root} --out {figures_dir}` · report: [{section.sweep}/report.html]"
+    drawn = ",".join(name for name in section.figures if name in figures)
+    lines.append(f"\n`rlvr plot {root} --out {figures_dir} --only {drawn}` · report: [{section.sweep}/report.html]"
                  f"({out_dir.name}/{section.sweep}/report.html) (`rlvr report {root} --out {page}`)\n")
     lines.append("| group | runs (finished) | final greedy accuracy | std | final sampled accuracy | std | s / step | "
                  "clip fraction |")

@@ -55,7 +55,7 @@ def test_algorithms_lists_every_preset_with_its_choices():
 
 CONFIGS = {"eval": EvalConfig, "sft": SFTConfig, "train": TrainConfig, "dpo": DPOConfig, "demo": DemoConfig,
            "sweep": SweepConfig}
-PLAIN = {"algorithms": [], "plot": ["--out", "--band"], "report": ["--out", "--band", "--rollouts", "--title"],
+PLAIN = {"algorithms": [], "plot": ["--out", "--band", "--only"], "report": ["--out", "--band", "--rollouts", "--title"],
          "summary": ["--out"]}
 
 

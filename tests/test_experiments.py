@@ -256,6 +256,15 @@ def test_plot_command_writes_png_and_svg_for_the_metrics_present(sweep_root, tmp
     assert {f.name for f in FIGURES} - present == {"clip_fraction", "val_sampled_reward"}
     result = CliRunner().invoke(app, ["plot", str(sweep_root), "--out", str(out), "--band", "bogus"])
     assert result.exit_code == 2 and "ci or minmax" in result.output
+    # --only writes just the figures named, in a fresh directory; a wrong or empty name is refused before drawing
+    only = tmp_path / "only"
+    result = CliRunner().invoke(app, ["plot", str(sweep_root), "--out", str(only), "--only", "val_reward, kl"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in only.iterdir()) == ["kl.png", "kl.svg", "val_reward.png", "val_reward.svg"]
+    result = CliRunner().invoke(app, ["plot", str(sweep_root), "--out", str(only), "--only", "val_rewards"])
+    assert result.exit_code == 2 and "no figure named 'val_rewards'" in result.output and "val_reward" in result.output
+    result = CliRunner().invoke(app, ["plot", str(sweep_root), "--out", str(only), "--only", "clip_fraction"])
+    assert result.exit_code == 2 and "no data for clip_fraction" in result.output
 
 
 def test_figure_draws_group_means_and_bands(sweep_root):

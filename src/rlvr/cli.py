@@ -178,18 +178,29 @@ def sweep_command(ctx: typer.Context,
 
 @app.command("plot")
 def plot_command(runs: list[Path] = RunDirs, out: Path = typer.Option(Path("plots"), "--out", "-o", help="directory"),
-                 band: str = BandOption):
+                 band: str = BandOption,
+                 only: str = typer.Option(None, "--only", help="comma-separated figure names to write (default: every "
+                                          "figure the runs have data for), e.g. val_reward,final_val_accuracy_vs_lr")):
     """Figures (PNG and SVG) per metric with the spread across seeds, and final accuracy vs learning rate.
 
     Runs are grouped by configuration (seed aside): each group's mean, a 95% band (or min/max), single runs faint."""
-    from rlvr.plots import build_figures, save_figures
+    from rlvr.plots import FIGURES, LR_FIGURE, MINUTES_FIGURE, build_figures, save_figures
     from rlvr.runs import load_groups
 
+    known = [f.name for f in FIGURES] + [LR_FIGURE, MINUTES_FIGURE]
+    wanted = [n.strip() for n in only.split(",") if n.strip()] if only is not None else None
+    if wanted is not None and (unknown := [n for n in wanted if n not in known]):
+        _fail(f"--only: no figure named {', '.join(map(repr, unknown))}; the figures are: {', '.join(known)}")
     try:
         groups = load_groups(runs)
     except (FileNotFoundError, ValueError) as err:
         _fail(str(err))
-    written = save_figures(build_figures(groups, _band(band)), out)
+    figures = build_figures(groups, _band(band))
+    if wanted is not None:
+        if missing := [n for n in wanted if n not in figures]:  # a known figure these runs have no data for
+            _fail(f"--only: these runs have no data for {', '.join(missing)}; they have: {', '.join(figures)}")
+        figures = {n: figures[n] for n in wanted}
+    written = save_figures(figures, out)
     typer.echo(f"{sum(len(g.runs) for g in groups)} runs in {len(groups)} groups: wrote {len(written)} files to {out}")
 
 
