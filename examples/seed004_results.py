@@ -129,9 +129,14 @@ def never_trained_notes(groups: list[Group]) -> list[str]:
         lines.append(f"\n**{g.label} never trained:** in its {len(g.runs)} run(s), at each of {steps} steps, every "
                      f"group of rollouts got one reward (mean train reward {statistics.fmean(rewards):.3f}"
                      + (f", mean response {statistics.fmean(tokens):.1f} tokens" if tokens else "")
-                     + "), so every advantage was 0 and no update was trained: its final accuracy is its start "
-                     "model's, and a difference against it says how well the start model fits this setting, not "
-                     "what the method learned.")
+                     + "), so every advantage was 0 and no update was trained: "
+                     + ("its final accuracy is its start model's (AdamW was handed zero gradients from the first "
+                        "step, so its moments stayed 0 and the weights did not move)"
+                        if not any(r.config.get("weight_decay") for r in g.runs) else
+                        "only AdamW's weight decay moved the weights (AdamW was handed zero gradients from the first "
+                        "step)")
+                     + ", and a difference against it says how well the start model fits this setting, not what "
+                     "the method learned.")
     return lines
 
 

@@ -819,6 +819,13 @@ def test_seed004_results_page_says_when_a_group_never_trained(tmp_path):
     assert ("**Answer, final greedy accuracy:** highest prompt=r1_zero (0.710); within the spread of it: none; below "
             "it by more than the spread: prompt=question_only (0.000, never trained).") in page
     assert "| r1_zero three-shot vs r1_zero | not measured yet | |" in page
+    assert "AdamW was handed zero gradients from the first step, so its moments stayed 0 and the weights did not move" in page
+    # with weight decay, AdamW shrinks the weights even at zero gradient: the page must not claim they stayed put
+    for seed in range(3):
+        config = root / f"prompt=question_only,seed={seed}" / "config.yaml"
+        config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "weight_decay": 0.01}))
+    page = results.write_results(tmp_path / "sweeps", tmp_path / "docs" / "results.md").read_text()
+    assert "only AdamW's weight decay moved the weights" in page and "the weights did not move" not in page
 
 
 def test_seed004_wall_time_leaves_out_the_gap_of_a_resume():
