@@ -130,8 +130,9 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(os.name != "posix", reason="Ctrl-C is SIGINT here")
 def test_sweep_runs_two_at_a_time_stops_on_ctrl_c_and_finishes_when_started_again(tmp_path, model_dir):
     # enough steps that the first run cannot finish while the second is still starting up (two process
-    # starts on a loaded 2-core machine take seconds; a tiny step takes ~20 ms)
-    steps = 200
+    # starts on a loaded 2-core machine take seconds; a tiny step takes ~20 ms). 200 steps (4 s) was once too
+    # few in a clean clone's first `make test`: both runs finished before the Ctrl-C and the sweep exited 0.
+    steps = 600
     sweep = _write_sweep(tmp_path, model_dir, steps=steps, save_every=5)
     runs = [tmp_path / "runs" / f"seed={seed}" for seed in (0, 1)]
     log = (tmp_path / "sweep.log").open("w")
