@@ -130,14 +130,16 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(os.name != "posix", reason="Ctrl-C is SIGINT here")
 def test_sweep_runs_two_at_a_time_stops_on_ctrl_c_and_finishes_when_started_again(tmp_path, model_dir):
     # enough steps that the first run cannot finish while the second is still starting up (two process
-    # starts on a loaded 2-core machine take seconds; a tiny step takes ~20 ms). 200 steps (4 s) was once too
-    # few in a clean clone's first `make test`: both runs finished before the Ctrl-C and the sweep exited 0.
-    steps = 600
+    # starts on a loaded 2-core machine take seconds; a tiny step takes ~20 ms)
+    steps = 200
     sweep = _write_sweep(tmp_path, model_dir, steps=steps, save_every=5)
     runs = [tmp_path / "runs" / f"seed={seed}" for seed in (0, 1)]
     log = (tmp_path / "sweep.log").open("w")
+    # As a sweep started from a terminal: a test suite launched in the background (`make test &`, nohup) runs
+    # with SIGINT ignored, a disposition children inherit, and Python then never raises KeyboardInterrupt
     proc = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "sweep", "--config", str(sweep)], stdout=log,
-                            stderr=subprocess.STDOUT, cwd=tmp_path)
+                            stderr=subprocess.STDOUT, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     children = []
     try:
         deadline = time.monotonic() + 90
