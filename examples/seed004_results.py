@@ -75,13 +75,8 @@ SECTIONS = (
 def answer(groups: list[Group], summary) -> list[str]:
     """The section's answer in one sentence per metric: the group with the highest mean final accuracy, the groups
     whose difference from it is within the spread (tied with it, as far as these seeds can tell) and those below
-    it by more than the spread. Groups that never trained or that began from another checkpoint say so."""
-    flags = {g.label: [] for g in groups}
-    for g in groups:
-        if never_trained(g.runs):
-            flags[g.label].append("never trained")
-    if len(start_models([r for g in groups for r in g.runs])) > 1:
-        flags = {label: [*f, "†"] for label, f in flags.items()}
+    it by more than the spread. Groups that never trained say so."""
+    idle = {g.label for g in groups if never_trained(g.runs)}
     lines = []
     for metric, name in METRICS:
         values = {gs.group: xs for gs in summary.groups if (xs := group_values(summary, gs.group, metric))}
@@ -95,8 +90,8 @@ def answer(groups: list[Group], summary) -> list[str]:
                 (single if math.isnan(d.half_width) else below if d.resolved else tied).append(label)
 
         def named(labels):
-            return ", ".join(f"{x} ({statistics.fmean(values[x]):.3f}"
-                             + "".join(f", {f}" for f in flags.get(x, ()) if f != "†") + ")" for x in labels)
+            return ", ".join(f"{x} ({statistics.fmean(values[x]):.3f}{', never trained' if x in idle else ''})"
+                             for x in labels)
 
         parts = [f"highest {named([best])}",
                  f"within the spread of it: {named(tied) if tied else 'none'}",
@@ -104,7 +99,7 @@ def answer(groups: list[Group], summary) -> list[str]:
         if single:
             parts.append(f"one run a side, no interval yet: {named(single)}")
         lines.append(f"\n**Answer, final {name} accuracy:** " + "; ".join(parts) + ".")
-    if lines and any("†" in f for f in flags.values()):
+    if lines and len(start_models([r for g in groups for r in g.runs])) > 1:
         lines.append("\n(The groups began from different SFT checkpoints: the comparisons below also give each "
                      "run's gain over its own step 0.)")
     return lines

@@ -826,6 +826,14 @@ def test_seed004_results_page_says_when_a_group_never_trained(tmp_path):
         config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "weight_decay": 0.01}))
     page = results.write_results(tmp_path / "sweeps", tmp_path / "docs" / "results.md").read_text()
     assert "only AdamW's weight decay moved the weights" in page and "the weights did not move" not in page
+    # one run a side: no interval, so the answer neither ties nor separates them
+    for seed in (1, 2):
+        shutil.rmtree(root / f"prompt=question_only,seed={seed}")
+        shutil.rmtree(root / f"prompt=r1_zero,seed={seed}")
+    page = results.write_results(tmp_path / "sweeps", tmp_path / "docs" / "results.md").read_text()
+    assert ("**Answer, final greedy accuracy:** highest prompt=r1_zero (0.700); within the spread of it: none; below "
+            "it by more than the spread: none; one run a side, no interval yet: prompt=question_only (0.000, never "
+            "trained).") in page
 
 
 def test_seed004_wall_time_leaves_out_the_gap_of_a_resume():

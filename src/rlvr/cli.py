@@ -184,13 +184,12 @@ def plot_command(runs: list[Path] = RunDirs, out: Path = typer.Option(Path("plot
     """Figures (PNG and SVG) per metric with the spread across seeds, and final accuracy vs learning rate.
 
     Runs are grouped by configuration (seed aside): each group's mean, a 95% band (or min/max), single runs faint."""
-    from rlvr.plots import FIGURES, LR_FIGURE, MINUTES_FIGURE, build_figures, save_figures
+    from rlvr.plots import FIGURE_NAMES, build_figures, save_figures
     from rlvr.runs import load_groups
 
-    known = [f.name for f in FIGURES] + [LR_FIGURE, MINUTES_FIGURE]
     wanted = [n.strip() for n in only.split(",") if n.strip()] if only is not None else None
-    if wanted is not None and (unknown := [n for n in wanted if n not in known]):
-        _fail(f"--only: no figure named {', '.join(map(repr, unknown))}; the figures are: {', '.join(known)}")
+    if wanted is not None and (unknown := [n for n in wanted if n not in FIGURE_NAMES]):
+        _fail(f"--only: no figure named {', '.join(map(repr, unknown))}; the figures are: {', '.join(FIGURE_NAMES)}")
     try:
         groups = load_groups(runs)
     except (FileNotFoundError, ValueError) as err:

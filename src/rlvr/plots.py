@@ -43,6 +43,7 @@ FIGURES = (
 )
 LR_FIGURE = "final_val_accuracy_vs_lr"
 MINUTES_FIGURE = "val_accuracy_vs_minutes"
+FIGURE_NAMES = tuple(spec.name for spec in FIGURES) + (LR_FIGURE, MINUTES_FIGURE)  # every figure build_figures can draw
 BAND_NAMES = {"ci": "mean ± 95% t-interval (t·s/√n, n = runs)", "minmax": "mean, min–max"}
 
 
