@@ -8,9 +8,9 @@ program that raises, or one that returns the wrong type. Every program is distin
 are graded once in training, which would flatter the numbers). Rows, each the median of --repeats passes
 in this one run:
 
-  sandboxed, parallel     run_programs as the reward uses it (namespaces when the machine allows them)
+  sandboxed, parallel     run_programs as the reward uses it (bubblewrap: namespaces, seccomp, the judge)
   sandboxed, serial       the same, one program at a time: the reference for the parallel speed-up
-  limits only, parallel   no namespaces (RLVR_SANDBOX=limits): what the isolation costs
+  limits only, parallel   the same judge and program processes without bubblewrap: what the isolation costs
   in-process exec         no sandbox at all (unsafe; the floor: the programs' own work)
 """
 
@@ -24,7 +24,7 @@ import common  # noqa: F401 (puts src/ on sys.path)
 
 from rlvr.code_rewards import grade_programs, parse_tests
 from rlvr.code_tasks import code_task
-from rlvr.sandbox import Job, SandboxLimits, default_workers, isolation, run_program
+from rlvr.sandbox import Job, SandboxLimits, configure, default_workers, isolation, run_program
 
 
 def batch(n: int) -> tuple[list[str], list[str]]:
@@ -74,6 +74,7 @@ def main():
     args = parser.parse_args()
     programs, truths = batch(args.n)
     limits = SandboxLimits()
+    configure("bwrap")
     print(f"isolation: {isolation()}; workers: {default_workers()}; {args.n} programs, "
           f"{sum(len(parse_tests(t).checks) for t in truths)} tests")
     rows = []
@@ -92,7 +93,7 @@ def main():
     print(f"{'':28s} {'seconds':>8s} {'ms/program':>10s}")
     for name, seconds in rows:
         print(f"{name:28s} {seconds:8.3f} {1000 * seconds / args.n:10.1f}")
-    print(f"parallel / serial: {t_par / t_ser:.2f}; namespaces / limits only: {t_par / t_lim:.2f}; "
+    print(f"parallel / serial: {t_par / t_ser:.2f}; bwrap / limits only: {t_par / t_lim:.2f}; "
           f"target: 64 programs under 2 s -> {'met' if t_par < 2 and args.n >= 64 else 'NOT met'}")
 
 
@@ -100,7 +101,7 @@ def _limits_parallel(jobs, limits):
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(default_workers()) as pool:
-        return list(pool.map(lambda job: run_program(job, limits, mode="limits"), jobs))
+        return list(pool.map(lambda job: run_program(job, limits, mode="limits_only"), jobs))
 
 
 if __name__ == "__main__":

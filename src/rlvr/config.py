@@ -188,6 +188,33 @@ class PlacementConfig(BaseConfig):
         if self.policy is not None and not self.policy:
             raise ValueError("placement.policy is empty: name at least one device, or leave it unset")
         return self
+class SandboxConfig(BaseConfig):
+    """`sandbox.*`: how the programs of a code dataset run (rlvr.sandbox). `sandbox=limits_only` is short for
+    `sandbox.isolation=limits_only`."""
+
+    isolation: Literal["bwrap", "limits_only"] = Field(
+        "bwrap", description="bwrap: bubblewrap namespaces, seccomp, no capabilities, tests judged out of the "
+        "program's reach (refuses to start where it cannot); limits_only: resource limits and a timeout only, "
+        "no isolation (programs can read your files, reach the network and forge verdicts): trusted code only")
+    workers: int | None = Field(None, ge=1, description="sandboxes at once (default: 2 per CPU this process may use)")
+    timeout: float = Field(5.0, gt=0, description="wall-clock seconds for a program and all its tests")
+    memory_mb: int = Field(512, ge=32, description="address space of each of a sandbox's processes")
+    processes: int = Field(8, ge=2, description="processes and threads a sandbox may hold (the judge's included)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data):
+        return {"isolation": data} if isinstance(data, str) else data
+
+    def apply(self) -> None:
+        """Run programs this way from now on in this process; raises SandboxUnavailable where bwrap cannot
+        isolate them here (before any heavy work)."""
+        from rlvr.sandbox import SandboxLimits, configure
+
+        configure(self.isolation, self.workers, SandboxLimits(timeout=self.timeout, cpu_seconds=max(1, int(
+            self.timeout) - 1), memory_mb=self.memory_mb, processes=self.processes))
+
+
 CODE_PROMPTS = ("code", "code_chat")  # the prompts of code datasets (rlvr.prompts), graded by running tests
 SFT_PROMPTS = ("r1_zero", "r1_zero_three_shot") + CODE_PROMPTS  # the prompts that have an SFT target
 
@@ -210,6 +237,13 @@ class DataFields(BaseConfig):
                              "or input/output pairs); a .jsonl whose first row has it is a code dataset")
     entry_point_field: str = Field("entry_point", description="code JSONL datasets: the tested function's name")
     seed: int = 0
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+
+    @property
+    def grades_code(self) -> bool:
+        """Whether this command runs programs in the sandbox (a code prompt, or a code reward term)."""
+        rewards = getattr(self, "rewards", None) or {}
+        return self.prompt in CODE_PROMPTS or any(str(name).startswith("code_tests") for name in rewards)
 
     @model_validator(mode="after")
     def _check_dataset_prompt(self):

@@ -159,6 +159,8 @@ def run_eval(cfg: EvalConfig) -> dict:
     from rlvr.hf_engine import HFEngine
 
     device = resolve(cfg.device, "device")  # before anything is loaded or written
+    if cfg.grades_code:  # likewise a sandbox that cannot isolate programs
+        cfg.sandbox.apply()
     prompt = get_prompt(cfg.prompt)
     examples = load_split(cfg, cfg.split, cfg.limit)
     out = Path(cfg.out or f"runs/eval/{Path(cfg.model).name}-{cfg.prompt}-{cfg.split}")

@@ -211,6 +211,8 @@ def start_validation(engine: RolloutEngine, policy, examples: list[Example], pro
 
 
 def start_run(cfg: TrainingFields) -> Path:
+    if cfg.grades_code:  # a sandbox that cannot isolate programs stops the run here, before anything is written
+        cfg.sandbox.apply()
     run_dir = Path(cfg.out)
     if (run_dir / "metrics.jsonl").exists() and not cfg.resume and ckpt.finished_model(run_dir) is None:
         raise FileExistsError(f"{run_dir} already holds a run; pass resume=true to continue it or choose another out")

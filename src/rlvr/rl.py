@@ -526,6 +526,8 @@ def evaluate_finished(cfg: TrainConfig, final: Path) -> dict:
 
     log.info("%s holds a finished model; evaluating it instead of training", final)
     where = placement(cfg)
+    if cfg.grades_code:
+        cfg.sandbox.apply()
     cfg = native_precision(cfg, where)
     model, tokenizer = load_model(str(final), device=where.eval)
     engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)

@@ -1,0 +1,196 @@
+"""How a sandbox is started: bubblewrap's command line, the seccomp filter, and what this machine lacks.
+
+Why bubblewrap: it is the maintained, audited launcher Flatpak runs every desktop app under, it works for an
+ordinary user (through unprivileged user namespaces) and for root, takes a compiled seccomp filter from a file
+descriptor, and has no daemon; nsjail needs a build, gVisor's runsc a container runtime. What it is told:
+
+* new PID, network, IPC, UTS and cgroup namespaces (and, for an ordinary user, a user namespace, with
+  further user namespaces disabled: `--disable-userns`); the judge is PID 1 (`--as-pid-1`), so when it exits
+  the kernel kills every process the program left; `--die-with-parent` and `--new-session`.
+* a root of its own: an empty tmpfs holding only, read-only, the Python runtime (its prefix and the shared
+  libraries under /usr/lib, /lib, /lib64), the harness file, a new /proc (bubblewrap keeps /proc/sys read-only)
+  and a read-only /dev with null, zero, full, random, urandom; then `/` itself is remounted read-only. The one
+  writable place is a fresh tmpfs `/work` of 2 x `file_mb`. No /home, /root, /tmp, /run, /var, /etc, no
+  /dev/shm of the host, no project, venv, data set, cache or run directory.
+* no capabilities: for an ordinary user bubblewrap drops them all; for root it keeps only CAP_SETUID,
+  CAP_SETGID and CAP_SETPCAP for the harness's first act, which empties the bounding set and switches to an
+  unprivileged uid of the sandbox's own (one per sandbox running: process limits and signals stay per
+  sandbox, and the program owns no file of the host). No user namespace is made for root: bubblewrap would
+  map its uid to host root, whom the kernel exempts from the process limit (a fork bomb), and the uid of
+  our own is what a user namespace would have bought. no_new_privs in both cases.
+* the seccomp filter below (`seccomp_filter`): no mount, no namespaces, no tracing, no keyrings, no BPF,
+  no perf events, no io_uring, no kernel modules, sockets only of the internet families (in a network
+  namespace with a downed loopback).
+
+`probe` starts one real sandbox and reads, from inside, its capabilities, no_new_privs, seccomp mode, uid,
+network interfaces and whether a user namespace can still be made; `rlvr.sandbox` refuses to grade unless
+every one of them is as above, and says what to install or change.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+HARNESS = Path(__file__).with_name("harness.py")
+INSIDE = "/rlvr/harness.py"
+# refused with EPERM: what only a container runtime or a debugger needs, and the kernel's riskiest surface
+DENIED = ("mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount",
+          "fspick", "mount_setattr", "unshare", "setns", "ptrace", "process_vm_readv", "process_vm_writev",
+          "pidfd_getfd", "kcmp", "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd",
+          "io_uring_setup", "io_uring_enter", "io_uring_register", "kexec_load", "kexec_file_load", "init_module",
+          "finit_module", "delete_module", "reboot", "swapon", "swapoff", "acct", "syslog", "quotactl",
+          "open_by_handle_at", "name_to_handle_at", "personality", "lookup_dcookie", "vhangup")
+# clone() flags that make namespaces: CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET (NEWTIME
+# needs clone3 or unshare, both refused)
+NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
+INTERNET = (2, 10)  # AF_INET, AF_INET6: the only socket families allowed (AF_UNIX 1, AF_NETLINK 16, AF_VSOCK 40 ...)
+TIOCSTI = 0x5412
+
+
+class Unavailable(RuntimeError):
+    """The isolation cannot be set up here; the message says what is missing and how to get it."""
+
+
+@lru_cache(maxsize=None)
+def seccomp_filter() -> bytes:
+    """The compiled BPF program bubblewrap loads (`--seccomp`) before the harness's first instruction."""
+    try:
+        import pyseccomp as seccomp
+    except (ImportError, OSError) as err:  # the binding, or libseccomp.so.2 under it
+        raise Unavailable(f"no seccomp library ({err}): install libseccomp (Debian/Ubuntu: apt-get install "
+                          "libseccomp2) and the binding (pip install pyseccomp)") from None
+    rules = seccomp.SyscallFilter(seccomp.ALLOW)
+    deny = seccomp.ERRNO(errno.EPERM)
+    for name in DENIED:
+        try:
+            rules.add_rule(deny, name)
+        except (OSError, ValueError, RuntimeError):  # a syscall this kernel/libseccomp does not know
+            pass
+    for flag in NAMESPACE_FLAGS:  # clone() with any of them: libseccomp takes one masked compare a rule
+        rules.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+    rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")  # its flags sit behind a pointer: glibc falls back to clone
+    for family in [f for f in range(0, 11) if f not in INTERNET]:
+        rules.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socket", seccomp.Arg(0, seccomp.EQ, family))
+        rules.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socketpair", seccomp.Arg(0, seccomp.EQ, family))
+    rules.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socket", seccomp.Arg(0, seccomp.GT, 10))
+    rules.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socketpair", seccomp.Arg(0, seccomp.GT, 10))
+    rules.add_rule(deny, "ioctl", seccomp.Arg(1, seccomp.MASKED_EQ, 0xFFFFFFFF, TIOCSTI))
+    fd = os.memfd_create("rlvr-seccomp")
+    try:
+        with os.fdopen(os.dup(fd), "wb") as out:
+            rules.export_bpf(out)
+        os.lseek(fd, 0, os.SEEK_SET)
+        data = b""
+        while chunk := os.read(fd, 1 << 16):
+            data += chunk
+        return data
+    finally:
+        os.close(fd)
+
+
+def bwrap_path() -> str | None:
+    return shutil.which("bwrap")
+
+
+def interpreter() -> tuple[str, list[str]]:
+    """(python binary, directories it needs) of the base interpreter (a venv's own python is a link to it)."""
+    binary = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    needed = {os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix)}
+    return binary, sorted(needed)
+
+
+def _system_dirs() -> list[tuple[str, str]]:
+    """("bind" | "link", path) for the shared-library directories: merged-/usr symlinks stay symlinks."""
+    out = []
+    for path in ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/lib32", "/usr/lib32"):
+        if os.path.islink(path):
+            out.append(("link", path))
+        elif os.path.isdir(path):
+            out.append(("bind", path))
+    return out
+
+
+def bwrap_argv(root: bool, work_mb: int, seccomp_fd: int, harness_fd: int) -> list[str]:
+    """bubblewrap's command line for one sandbox, up to the interpreter it starts (the caller adds the harness's
+    flags and arguments). bubblewrap reads the seccomp filter and the harness from the two fds."""
+    binary, prefixes = interpreter()
+    argv = [bwrap_path() or "bwrap"]
+    if root:
+        argv += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                 "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+    else:
+        argv += ["--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
+    argv += ["--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox", "--clearenv"]
+    for name, value in (("PATH", "/usr/bin:/bin"), ("HOME", "/work"), ("TMPDIR", "/work"), ("LANG", "C.UTF-8"),
+                        ("PYTHONHASHSEED", "0")):  # a fixed hash seed: set order, and so verdicts, repeat
+        argv += ["--setenv", name, value]
+    covered: list[str] = []
+    made: set[str] = set()
+
+    def parents(path: str) -> list[str]:  # made 0755 first: bubblewrap would copy the host's modes (/root 0700)
+        out = []
+        parts = path.strip("/").split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            parent = "/" + "/".join(parts[:i])
+            if parent not in made:
+                made.add(parent)
+                out += ["--perms", "0755", "--dir", parent]
+        return out
+
+    for kind, path in _system_dirs():
+        argv += parents(path)
+        if kind == "link":
+            argv += ["--symlink", os.readlink(path), path]
+        else:
+            argv += ["--ro-bind", path, path]
+            covered.append(path)
+    for path in prefixes:
+        if not any(path == c or path.startswith(c + "/") for c in covered):
+            argv += [*parents(path), "--ro-bind", path, path]
+            covered.append(path)
+    if not any(binary.startswith(c + "/") for c in covered):
+        argv += [*parents(binary), "--ro-bind", binary, binary]
+    argv += [*parents(INSIDE), "--ro-bind-data", str(harness_fd), INSIDE, "--proc", "/proc", "--dev", "/dev",
+             "--perms", "1777", "--size", str(work_mb << 20), "--tmpfs", "/work",
+             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/work", "--seccomp", str(seccomp_fd), binary]
+    return argv
+
+
+def python_flags() -> list[str]:
+    # -S no site-packages, -s no user site, -P no script directory on sys.path, -B no .pyc written.
+    # Not -I: its -E would ignore PYTHONHASHSEED; the environment is ours alone (--clearenv) anyway.
+    return ["-S", "-s", "-P", "-B"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Saying what is missing, in the user's terms.
+
+_USER_HELP = (
+    "unprivileged user namespaces must be allowed: `sysctl kernel.unprivileged_userns_clone=1` (Debian before 11), "
+    "`sysctl kernel.apparmor_restrict_unprivileged_userns=0` or an AppArmor profile for bwrap (Ubuntu 23.10 and "
+    "later), `sysctl user.max_user_namespaces=15000` (RHEL); inside a container, also the container's options below")
+_CONTAINER_HELP = (
+    "a container must be allowed to make namespaces: Docker/Podman `--security-opt seccomp=unconfined "
+    "--security-opt apparmor=unconfined` (or `--cap-add SYS_ADMIN`, or `--privileged`), Kubernetes "
+    "`securityContext: {capabilities: {add: [SYS_ADMIN]}, seccompProfile: {type: Unconfined}}`")
+
+
+def diagnose(stderr: str, root: bool) -> str:
+    """What to do about a sandbox that failed to start, from bubblewrap's own message."""
+    text = stderr.strip().splitlines()[-1] if stderr.strip() else "no message"
+    lowered = stderr.lower()
+    if any(s in lowered for s in ("namespace", "uid map", "setting up uid", "operation not permitted",
+                                  "permission denied", "no permissions")):
+        help_ = _CONTAINER_HELP if root else f"{_USER_HELP}; {_CONTAINER_HELP}"
+        return f"bubblewrap could not start a sandbox ({text}): the kernel refused to create namespaces; {help_}"
+    return f"bubblewrap could not start a sandbox ({text})"
+
+
+MISSING_BWRAP = ("bubblewrap (`bwrap`) is not installed: Debian/Ubuntu `apt-get install bubblewrap`, Fedora/RHEL "
+                 "`dnf install bubblewrap`, Arch `pacman -S bubblewrap`, Alpine `apk add bubblewrap`; conda "
+                 "`conda install -c conda-forge bubblewrap`")
