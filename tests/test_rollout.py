@@ -173,3 +173,27 @@ def test_fast_decode_in_bfloat16_stays_close_to_the_transformers_forward(tiny_mo
     assert agree >= 0.9 * sum(len(c.token_ids) for c in slow)  # bf16 rounding may flip a near-tie
     first = torch.tensor([c.logprobs[0] for c in fast]), torch.tensor([c.logprobs[0] for c in slow])
     torch.testing.assert_close(*first, atol=0.05, rtol=0.05)
+
+
+def test_a_bf16_engine_keeps_ropes_inv_freq_in_fp32_and_the_angles_exact(tiny_model, tokenizer):
+    """Issue 36, item 1: only parameters go to the engine dtype. Rounding RoPE's inv_freq to bf16 (as
+    `.to(dtype)` did) turns every rotary angle by an error that grows with the position."""
+    from rlvr.hf_engine import engine_weights
+
+    engine = HFEngine(tiny_model, tokenizer, dtype="bfloat16")
+    policy = dict(tiny_model.named_buffers())
+    copy = dict(engine.model.named_buffers())
+    assert policy and set(policy) == set(copy)
+    for name, value in policy.items():
+        assert copy[name].dtype == value.dtype == torch.float32, name
+        assert torch.equal(copy[name], value), name
+    sent = engine_weights(tiny_model, "bfloat16")
+    assert all(sent[name].dtype == torch.float32 for name in policy)
+    assert next(iter(v for k, v in sent.items() if k not in policy)).dtype == torch.bfloat16
+    # the angles at position 4,096: what the policy computes, to fp32 rounding (bf16 inv_freq was off by radians)
+    positions = torch.tensor([[4096.0]])
+    for name, value in policy.items():
+        if name.endswith("inv_freq"):
+            exact = positions * value
+            assert torch.allclose(positions * copy[name], exact, atol=1e-3)
+            assert (positions * value.to(torch.bfloat16).float() - exact).abs().max() > 0.05  # what bf16 did

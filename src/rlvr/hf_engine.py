@@ -184,7 +184,12 @@ def _empty_copy(model, dtype: torch.dtype, device: torch.device):
             clone = type(base)(base.config)
     finally:
         torch.set_default_dtype(previous)
-    clone = clone.to_empty(device=device).to(dtype)
+    clone = clone.to_empty(device=device)
+    # parameters in `dtype`; buffers keep the dtype the architecture gives them (RoPE's inv_freq is fp32, as in
+    # a policy loaded in bf16): rounding inv_freq to bf16 turns the rotary angle by 0.36 rad at position 256
+    for param in clone.parameters():
+        if param.is_floating_point() and param.dtype != dtype:
+            param.data = param.data.to(dtype)
     clone.tie_weights()  # to_empty unties shared tensors such as a tied lm_head
     clone.generation_config = copy.deepcopy(base.generation_config)
     return clone.eval()
@@ -213,11 +218,14 @@ def _merged_tensors(policy):
 
 @torch.no_grad()
 def engine_weights(policy, dtype: str | None = None) -> dict[str, torch.Tensor]:
-    """The policy's weights as an engine takes them (plain names, LoRA merged), on the CPU in `dtype`, for a
-    rollout engine in another process. Casting here rounds exactly as `copy_` into the engine's copy would."""
+    """The policy's weights as an engine takes them (plain names, LoRA merged), on the CPU, parameters in `dtype`
+    and buffers in their own, for a rollout engine in another process. Casting here rounds exactly as `copy_`
+    into the engine's copy would."""
     target = getattr(torch, dtype) if dtype else None
-    return {name: value.detach().to(device="cpu", dtype=target or value.dtype).contiguous()
-            for name, value in _merged_tensors(policy)}
+    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    buffers = {name for name, _ in base.named_buffers()}  # kept in their own dtype, as the engine's copy keeps them
+    return {name: value.detach().to(device="cpu", dtype=value.dtype if name in buffers else target or value.dtype)
+            .contiguous() for name, value in _merged_tensors(policy)}
 
 
 @dataclasses.dataclass
