@@ -29,7 +29,9 @@ The check, in order (each part's result is also written to --json as soon as it 
      share of it the training phase of (c) reaches: 6 x params x trained positions / train seconds, the count
      of bench/matmul.py (positions = prompt + response of every trained rollout; rlvr runs a group's shared
      prompt once, so it does less work than this counts).
-  e. The last two lines: the engine/generate ratio at batch 64, then, in bench/grpo_step.py's form,
+  e. The GPU and NCCL paths of issue 35 and the engine vs policy log-prob gap by position (issue 36 item 2):
+     bench/gpu_paths.py in a child of its own (--paths-timeout), its results under "paths" in --json.
+  f. The last two lines: the engine/generate ratio at batch 64, then, in bench/grpo_step.py's form,
      `rlvr/TRL: step time ratio X, peak GPU memory ratio Y` (on a CPU: peak RSS ratio).
 """
 
@@ -58,20 +60,19 @@ TOKENIZER = GPU_DIR / "tokenizer"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 SIZE_LIMIT_MIB = 40  # the working tree and .gpu travel together, at most 64 MiB in all
 
-# What rlvr (and TRL, for part c) import that the GPU machine lacks, with their own dependencies.
-# typing-extensions is there (torch needs it) but pydantic 2.14 needs >= 4.16, newer than torch asks for, and a
-# newer typing-extensions shadowing an older one breaks nothing. pytest-timeout: pyproject's `timeout` setting.
-# transformers and peft are there too, in other versions (transformers 5.17): rlvr's engine builds on
-# transformers' cache classes, so the check carries the versions the CPU tests ran with (pure-python wheels).
-MISSING_THERE = ("transformers", "peft", "pydantic", "pydantic-core", "annotated-types", "typing-inspection",
-                 "typing-extensions",
-                 "math-verify", "latex2sympy2-extended", "antlr4-python3-runtime", "pebble", "gguf",
-                 "trl", "datasets", "dill", "multiprocess", "pytest-timeout")
-# Installed there (as the machine is described), with the dependencies they come with.
-PRESENT_THERE = {"torch", "accelerate", "safetensors", "tokenizers", "typer-slim", "shellingham", "numpy", "pytest", "pyyaml", "typer",
-                 "rich", "tqdm", "tensorboard", "matplotlib", "pyarrow", "pandas", "xxhash", "fsspec",
-                 "huggingface-hub", "requests", "sympy", "mpmath", "networkx", "jinja2", "filelock", "packaging",
-                 "psutil", "tokenizers", "regex"}
+# What rlvr (and TRL, for part c) import that the GPU image lacks, at versions whose Requires-Dist the image
+# satisfies (`--check-wheels` proves it against ../.library/device/KINDS.md before any GPU time is spent).
+# Everything else -- torch, transformers, accelerate, peft, safetensors, tokenizers, huggingface-hub, numpy,
+# pytest -- is the image's own: the check runs on what a user of that image has.
+CARRY = {"pydantic": "2.14.4", "pydantic-core": "2.50.5", "annotated-types": "0.8.0", "typing-inspection": "0.4.5",
+         "typing-extensions": "4.16.0", "math-verify": "0.9.0", "latex2sympy2-extended": "1.11.0",
+         "antlr4-python3-runtime": "4.13.2", "pebble": "5.2.3", "gguf": "0.19.0", "pyseccomp": "0.1.2",
+         "trl": "1.16.0", "datasets": "5.2.0", "dill": "0.4.1", "multiprocess": "0.70.19"}
+# Carried although the image has the package, and why (any other overlap fails --check-wheels).
+OVERRIDES = {"typing-extensions": "pydantic 2.14 needs >= 4.16.0 and KINDS.md gives no version for the image's; "
+                                  "a newer typing-extensions shadowing an older one breaks nothing"}
+KINDS = ROOT.parent / ".library" / "device" / "KINDS.md"  # the device tool's description of the image
+IMAGE_SNAPSHOT = Path(__file__).resolve().parent / "gpu_image.json"  # KINDS.md's lists, for machines without it
 # The target machine: CPython 3.12 on x86-64 Linux (for pip download and for evaluating Requires-Dist markers)
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
@@ -100,13 +101,89 @@ def wheel_requirements(wheel: Path) -> list:
     return [r for r in reqs if r.marker is None or r.marker.evaluate(TARGET_ENV)]
 
 
-def prepare() -> None:
-    """Download the wheels, check their requirements, copy the tokenizer, print the GPU machine's command."""
-    from importlib.metadata import version
+def read_kinds(path: Path) -> dict:
+    """The nvidia-h200 image as KINDS.md describes it: {"packages": [names], "versions": {name: version}}. The
+    names come from its "Python packages already there" list, the versions from its "pip list" row (a few)."""
+    from packaging.utils import canonicalize_name
 
+    text = path.read_text()
+    listed = re.search(r"nvidia-h200: their image.*?Packages: (.+?)\.\s*$", text, re.S | re.M)
+    pip_row = re.search(r"\| pip list, as a session saw it \|(.+?)\|\s*$", text, re.M)
+    if listed is None or pip_row is None:
+        raise SystemExit(f"{path}: no nvidia-h200 package list or pip list row found (has its layout changed?)")
+    names = sorted({canonicalize_name(n.strip()) for n in listed.group(1).split(",") if n.strip()})
+    versions = {canonicalize_name(n): v for n, v in re.findall(r"([A-Za-z0-9_.-]+) (\d[\w.+]*)",
+                                                               pip_row.group(1).split("asked for:", 1)[-1])}
+    python = re.search(r"python3 is Python (3\.\d+\.\d+)", pip_row.group(1))
+    return {"source": str(path), "python": python.group(1) if python else None, "packages": names,
+            "versions": versions}
+
+
+def image_packages() -> dict:
+    """KINDS.md's lists where this machine has the device tool's files, else the snapshot --prepare last wrote."""
+    if KINDS.is_file():
+        return read_kinds(KINDS)
+    if IMAGE_SNAPSHOT.is_file():
+        return json.loads(IMAGE_SNAPSHOT.read_text())
+    raise SystemExit(f"neither {KINDS} nor {IMAGE_SNAPSHOT}: nothing says what the GPU image has")
+
+
+def check_wheels(wheels_dir: Path = WHEELS) -> list[str]:
+    """Every carried wheel's Requires-Dist against the image and the other carried wheels, by version where
+    the version is known; returns the problems (empty: ready) and prints what it could not verify."""
     from packaging.utils import canonicalize_name, parse_wheel_filename
 
-    wanted = {canonicalize_name(name): version(name) for name in MISSING_THERE}  # what this environment runs
+    image = image_packages()
+    present, versions = set(image["packages"]), image["versions"]
+    wheels = sorted(wheels_dir.glob("*.whl"))
+    carried = {}
+    problems = []
+    for wheel in wheels:
+        name, ver, _, _ = parse_wheel_filename(wheel.name)
+        if name in carried:
+            problems.append(f"two wheels of {name}: {carried[name]} and {ver}")
+        carried[name] = str(ver)
+    wanted = {canonicalize_name(n): v for n, v in CARRY.items()}
+    for name, ver in sorted(wanted.items()):
+        if carried.get(name) != ver:
+            problems.append(f"no wheel {name}=={ver} in {wheels_dir} (found: {carried.get(name, 'none')})")
+    for name in sorted(set(carried) - set(wanted)):
+        problems.append(f"{name} {carried[name]} is carried but not in CARRY")
+    for name in sorted(set(carried) & present):
+        if name not in {canonicalize_name(n) for n in OVERRIDES}:
+            problems.append(f"{name} is carried, but the image has it (KINDS.md): use the image's, or say why in "
+                            "OVERRIDES")
+    unverified = []
+    for wheel in wheels:
+        owner = parse_wheel_filename(wheel.name)[0]
+        for req in wheel_requirements(wheel):
+            dep = canonicalize_name(req.name)
+            have = carried.get(dep) or versions.get(dep)
+            if dep in carried:
+                have = carried[dep]
+            elif dep not in present:
+                problems.append(f"{owner} needs {req}: neither carried nor in the image")
+                continue
+            if have is None:
+                unverified.append(f"{owner}: {req}")
+            elif not req.specifier.contains(have, prereleases=True):
+                problems.append(f"{owner} needs {req}, {'carried' if dep in carried else 'the image has'} {have}")
+    print(f"--check-wheels: {len(wheels)} wheels against {image['source']} ({len(present)} packages, "
+          f"{len(versions)} with versions)")
+    if unverified:  # KINDS.md names these packages without a version; the preflight checks them there
+        print(f"  {len(unverified)} requirements on image packages of unlisted version (the preflight checks them "
+              "on the GPU machine): " + "; ".join(unverified))
+    for line in problems:
+        print(f"  PROBLEM {line}")
+    print("  ok" if not problems else f"  {len(problems)} problems")
+    return problems
+
+
+def prepare() -> None:
+    """Download the wheels, check them against the image, copy the tokenizer, print the GPU machine's command."""
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
+    wanted = {canonicalize_name(name): ver for name, ver in CARRY.items()}
     WHEELS.mkdir(parents=True, exist_ok=True)
     for wheel in WHEELS.glob("*.whl"):  # one version of each: drop wheels of other versions or packages
         name, ver, _, _ = parse_wheel_filename(wheel.name)
@@ -116,17 +193,10 @@ def prepare() -> None:
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                     "--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(WHEELS),
                     *(f"{name}=={ver}" for name, ver in wanted.items())], check=True)
-
-    wheels = sorted(WHEELS.glob("*.whl"))
-    have = {parse_wheel_filename(w.name)[0] for w in wheels}
-    print(f"{len(wheels)} wheels in {WHEELS.relative_to(ROOT)}:")
-    unmet = []
-    for wheel in wheels:
-        reqs = wheel_requirements(wheel)
-        unmet += [f"{wheel.name} needs {r}" for r in reqs if canonicalize_name(r.name) not in have | PRESENT_THERE]
-        print(f"  {wheel.name} ({wheel.stat().st_size / 2**20:.2f} MiB)  requires: {', '.join(map(str, reqs)) or '-'}")
-    if have != set(wanted):
-        unmet += [f"no wheel for {name}=={wanted[name]}" for name in sorted(set(wanted) - have)]
+    if KINDS.is_file():  # keep the snapshot current for machines without the device tool's files
+        IMAGE_SNAPSHOT.write_text(json.dumps(read_kinds(KINDS) | {"source": "KINDS.md (snapshot)"}, indent=1) + "\n")
+    for wheel in sorted(WHEELS.glob("*.whl")):
+        print(f"  {wheel.name} ({wheel.stat().st_size / 2**20:.2f} MiB)")
 
     from rlvr.models import DEFAULT_MODEL, resolve_model_path
 
@@ -140,9 +210,9 @@ def prepare() -> None:
 
     size = sum(f.stat().st_size for f in GPU_DIR.rglob("*") if f.is_file()) / 2**20
     print(f".gpu/ holds {size:.1f} MiB (limit {SIZE_LIMIT_MIB} MiB)")
-    if unmet or size > SIZE_LIMIT_MIB:
-        raise SystemExit("not ready:\n  " + "\n  ".join(unmet + ([f"{size:.1f} MiB is too much"]
-                                                               if size > SIZE_LIMIT_MIB else [])))
+    problems = check_wheels() + ([f"{size:.1f} MiB is too much"] if size > SIZE_LIMIT_MIB else [])
+    if problems:
+        raise SystemExit("not ready:\n  " + "\n  ".join(problems))
     print("ready. On the GPU machine (device tool, carry [\".gpu\"]), run:")
     print(RUN_COMMAND)
 
@@ -244,6 +314,21 @@ def gpu_tests(timeout: float, log_path: Path | None) -> dict:
     if rc not in (0, 5):  # 5: no test selected
         print("  --- last lines of its output ---\n  " + "\n  ".join(out.splitlines()[-40:]))
     return {"exit_code": rc, "status": status, "summary": summary, "problems": problems, "seconds": seconds}
+
+
+def gpu_paths(args) -> dict:
+    """bench/gpu_paths.py in a child: its JSON, plus the status of the run (ok / failed parts / timeout)."""
+    with tempfile.TemporaryDirectory(prefix="gpu-check-paths-") as tmp:
+        out = Path(tmp) / "gpu_paths.json"
+        argv = [sys.executable, str(ROOT / "bench" / "gpu_paths.py"), "--device", args.device, "--json", str(out)]
+        rc, _ = run_limited(argv + (["--smoke"] if args.smoke else []), args.paths_timeout, capture=False)
+        result = json.loads(out.read_text()) if out.is_file() else {}
+    # the NCCL pair on one GPU is there to record NCCL's refusal; every other part must hold
+    failed = sorted(k for k, v in result.items() if isinstance(v, dict) and k != "broadcast_nccl_one_gpu"
+                    and ("error" in v or v.get("ok") is False))
+    result["status"] = ("timeout" if rc is None else f"exit {rc}" if rc else
+                        f"failed: {', '.join(failed)}" if failed else "ok")
+    return result
 
 
 def run_generate(model, tokenizer, prompts: list[str], new_tokens: int, seed: int, device: str) -> tuple[int, float]:
@@ -441,6 +526,10 @@ def check(args, start: float) -> None:
               f"(6 x {params / 1e6:.1f}M params x positions / train s)")
     save()
 
+    print("\n== e. GPU and NCCL paths (bench/gpu_paths.py), log-prob gap by position", flush=True)
+    results["paths"] = gpu_paths(args)
+    save()
+
     print("\n== summary")
     print(f"{'batch':>6s} {'generate tok/s':>15s} {'rlvr tok/s':>11s} {'rlvr/generate':>14s}")
     for row in results["generation"]:
@@ -453,6 +542,7 @@ def check(args, start: float) -> None:
               f"peak RSS {run['peak_rss_mb']:.0f} MB{gpu}")
     if "tests" in results:
         print(f"GPU tests: {results['tests']['summary']} [{results['tests']['status']}]")
+    print(f"GPU paths: {results['paths']['status']}")
     results["seconds"] = time.perf_counter() - start
     print(f"the check took {results['seconds']:.0f} s")
 
@@ -473,6 +563,8 @@ def check(args, start: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prepare", action="store_true", help="fill .gpu/ (wheels, tokenizer) and print the command")
+    parser.add_argument("--check-wheels", action="store_true", help="check .gpu/wheels against the GPU image's "
+                        "packages (KINDS.md) by version, here, before any GPU time; exit 1 on a problem")
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     parser.add_argument("--json", help="also write the results to this file (pytest's output goes beside it)")
     parser.add_argument("--batches", default="1,16,64,256", help="generation batch sizes")
@@ -485,6 +577,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=cores())
     parser.add_argument("--tests-timeout", type=float, default=120, help="seconds for pytest -m gpu")
     parser.add_argument("--grpo-timeout", type=float, default=140, help="seconds for each GRPO run (rlvr, TRL)")
+    parser.add_argument("--paths-timeout", type=float, default=150, help="seconds for bench/gpu_paths.py")
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--skip-trl", action="store_true", help="the GRPO step of rlvr alone (no headline)")
     parser.add_argument("--smoke", action="store_true", help="tiny: batches 1,2, 8 new tokens, 1 repeat, "
@@ -493,6 +586,8 @@ def main() -> None:
     if args.prepare:
         prepare()
         return
+    if args.check_wheels:
+        raise SystemExit(1 if check_wheels() else 0)
     if args.smoke:
         args.batches, args.new_tokens, args.repeats, args.matmul_n = "1,2", 8, 1, 256
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' load/save bars, here and in children

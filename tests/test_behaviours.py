@@ -16,7 +16,7 @@ from rlvr import rl as train_module
 from rlvr.config import EvalConfig, SFTConfig, TrainConfig
 from rlvr.data import load_split
 from rlvr.update import NonFiniteLoss
-from rlvr.policy import tokenize_prompt_and_output
+from rlvr.policy import tokenize_prompt_and_ids
 from rlvr.prompts import get_prompt
 from rlvr.rewards import rewards_and_metadata, score_batch
 from rlvr.tracking import read_jsonl
@@ -186,8 +186,8 @@ def test_masked_truncations_get_no_advantage_and_no_trained_tokens(tmp_path, sto
         logged = [r for r in rollouts if r["step"] == step]
         truncated = torch.tensor([r["finish_reason"] == "length" for r in logged])
         assert 0 < int(truncated.sum()) < 8, "the fixture should give a mix of stopped and truncated rollouts"
-        batch = tokenize_prompt_and_output([prompt.format(r["question"]) for r in logged],
-                                           [r["response"] for r in logged], tokenizer)
+        batch = tokenize_prompt_and_ids([prompt.format(r["question"]) for r in logged],
+                                        [r["token_ids"] for r in logged], tokenizer)  # the sampled ids are trained
         assert torch.equal(call["input_ids"], batch["input_ids"])
         # the mask: the response tokens of the rollouts that stopped, nothing of the truncated ones
         assert torch.equal(call["mask"], batch["response_mask"] & ~truncated.unsqueeze(-1))
@@ -268,7 +268,7 @@ def _pass_at_k(n: int, c: int, k: int) -> float:
 def test_train_pass_at_k_is_recomputed_from_the_logged_rollouts(tmp_path, model_dir, monkeypatch):
     monkeypatch.setattr(train_module, "build_reward_fn", lambda cfg, name: shaped_parity)
     out = tmp_path / "passk"
-    train_module.train_grpo(_cfg(model_dir, out, steps=3, rollout_batch_size=16, microbatch_size=4,
+    train_module.train_grpo(_cfg(model_dir, out, steps=5, rollout_batch_size=16, microbatch_size=4,
                                  log_rollouts_every=1, **QUIET))
     rows, rollouts = read_jsonl(out / "metrics.jsonl"), read_jsonl(out / "rollouts.jsonl")
     counts, regrouped = [], False

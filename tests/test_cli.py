@@ -32,12 +32,29 @@ def _table(output: str) -> tuple[list[str], list[list[str]]]:
     return cells(header), [cells(r) for r in rows]
 
 
+def _columns(output: str, names: tuple[str, ...]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of a borderless table whose header holds `names` in order: cells cut at the header's
+    column starts."""
+    lines = output.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.lstrip().startswith(names[0] + " "))
+    starts, pos = [], 0
+    for name in names:
+        pos = lines[at].index(name, pos)
+        starts.append(pos)
+        pos += len(name)
+    rows = []
+    for line in lines[at + 1 :]:
+        if not line.strip() or line[: starts[1]].strip() not in PRESETS:
+            break
+        rows.append([line[a:b].strip() for a, b in zip(starts, starts[1:] + [None])])
+    return list(names), rows
+
+
 def test_algorithms_lists_every_preset_with_its_choices():
     result = CliRunner().invoke(app, ["algorithms"], env=WIDE)
     assert result.exit_code == 0, result.output
-    header, rows = _table(result.output)
-    assert header == ["name", "baseline", "normaliser", "weighting", "clip", "aggregation", "steps/rollout",
-                      "advantage from", "summary"]
+    header, rows = _columns(result.output, ("name", "baseline", "normaliser", "weighting", "clip", "aggregation",
+                                            "steps/rollout", "advantage from", "summary"))
     assert [r[0] for r in rows] == list(PRESETS)
     for row in rows:
         p = PRESETS[row[0]]
@@ -51,6 +68,15 @@ def test_algorithms_lists_every_preset_with_its_choices():
     assert by_name["dapo"]["aggregation"] == "token" and by_name["dapo"]["clip"] == "0.2/0.28"
     assert by_name["grpo"]["aggregation"] == "sequence" and by_name["grpo"]["clip"] == ""
     assert by_name["rft"]["advantage from"] == "correctness"
+
+
+def test_algorithms_reads_whole_at_80_columns():
+    result = CliRunner().invoke(app, ["algorithms"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert max(map(len, result.output.splitlines())) <= 80 and "…" not in result.output
+    _, rows = _columns(result.output, ("name", "base", "norm", "weight", "clip", "agg", "k", "signal"))
+    assert [r[0] for r in rows] == list(PRESETS)  # every name whole: grpo_constant, grpo_token, grpo_clip apart
+    assert {r[0]: r[-1] for r in rows}["rft"] == "correctness"
 
 
 CONFIGS = {"eval": EvalConfig, "sft": SFTConfig, "train": TrainConfig, "dpo": DPOConfig, "demo": DemoConfig,

@@ -47,11 +47,18 @@ def _weights(out):
 
 
 def test_synchronous_mode_is_the_local_loop(tmp_path, model_dir):
-    local = tmp_path / "local"
-    train_module.train_grpo(_cfg(model_dir, local))
+    # Two workers decode other batch shapes than one engine, which rounds the engine's sampling log-probs
+    # differently in the last bits (1e-7 here); the rollout correction trains on those, so the runs of two
+    # workers compare the loops with the correction off, and one worker (the same batch shapes) with it on.
+    off = {"rollout_correction.mode": "none"}
     for name, extra in (("one_worker", {"distributed.rollout_workers": 1, "async.max_staleness": 0}),
-                        ("two_workers", {"distributed.rollout_workers": 2}),
-                        ("broadcast", {"distributed.rollout_workers": 2, "distributed.weight_sync": "broadcast"})):
+                        ("two_workers", {"distributed.rollout_workers": 2, **off}),
+                        ("broadcast", {"distributed.rollout_workers": 2, "distributed.weight_sync": "broadcast",
+                                       **off})):
+        local = tmp_path / ("local_off" if "rollout_correction.mode" in extra else "local")
+        if not local.exists():
+            train_module.train_grpo(_cfg(model_dir, local, **{k: v for k, v in extra.items()
+                                                              if k.startswith("rollout_correction")}))
         out = tmp_path / name
         train_module.train_grpo(_cfg(model_dir, out, **extra))
         got, want = _metrics(out), _metrics(local)
@@ -107,21 +114,21 @@ def test_asynchronous_mode_keeps_staleness_within_its_bound(tmp_path, model_dir)
     assert 0 <= last["time/learner_idle_fraction"] <= 1
     trained = [r for r in rows if "train/is_weight_mean" in r]
     assert trained and all(0 < r["train/is_weight_mean"] <= 2.0 and r["train/is_weight_max"] <= 2.0 for r in trained)
-    # a random tiny model writes invalid UTF-8, whose re-tokenised text differs from the sampled bytes: those
-    # rows are counted and trained with the live policy as their old one
-    assert all(0 <= r["async/behaviour_unknown_rows"] <= 8 for r in rows)
+    # a random tiny model writes invalid UTF-8, whose re-tokenised text differs from the sampled bytes; the
+    # sampled ids are trained, so every row keeps its sampling-time log-probs
+    assert all(r["async/behaviour_unknown_rows"] == 0 for r in rows)
 
 
-def test_behaviour_log_probs_land_on_the_response_positions():
+def test_sampled_log_probs_land_on_the_response_positions():
     from rlvr.rollout import Completion
 
-    labels = torch.tensor([[5, 6, 7, 0], [5, 8, 9, 0]])
-    mask = torch.tensor([[False, True, True, False], [False, True, True, False]])
-    rollouts = train_module.Rollouts([], ["p"], [Completion(0, 0, "a", [6, 7, 1], "stop", [-0.5, -1.5, -0.1]),
-                                                 Completion(0, 1, "b", [8, 4], "length", [-2.0, -3.0])])
-    out, unknown = cluster.behaviour_log_probs(rollouts, labels, mask)
-    assert unknown == 1  # row 1 re-tokenised to [8, 9], but 4 was sampled
-    assert out[0, 1:3].tolist() == [-0.5, -1.5] and torch.isnan(out[0, [0, 3]]).all() and torch.isnan(out[1]).all()
+    labels = torch.tensor([[5, 6, 7, 1], [5, 8, 9, 0]])
+    mask = torch.tensor([[False, True, True, True], [False, True, True, False]])
+    completions = [Completion(0, 0, "a", [6, 7, 1], "stop", [-0.5, -1.5, -0.1]),
+                   Completion(0, 1, "b", [8, 4], "length", [-2.0, -3.0])]
+    out, unknown = train_module.sampled_log_probs(completions, labels, mask)
+    assert unknown == 1  # row 1 trains [8, 9], but [8, 4] was sampled: a guard, score_rollouts never does this
+    assert out[0, 1:].tolist() == pytest.approx([-0.5, -1.5, -0.1]) and torch.isnan(out[0, 0]) and torch.isnan(out[1]).all()
 
 
 def test_every_worker_generates_what_the_learner_weights_generate(tmp_path, model_dir):
@@ -191,12 +198,19 @@ def test_distributed_config_is_checked_before_any_model_loads(tmp_path, model_di
         _cfg(model_dir, tmp_path / "x", **{"distributd.learners": 2})
     with pytest.raises(ValueError, match="needs distributed.rollout_workers >= 1"):
         train_module.train_grpo(_cfg(model_dir, tmp_path / "y", **{"distributed.learners": 2}))
-    assert math.isclose(_cfg(model_dir, tmp_path / "z").async_.tis_cap, 2.0)
+    assert math.isclose(_cfg(model_dir, tmp_path / "z").rollout_correction.cap, 2.0)
+    # the old async.tis_cap (run directories still hold it) is the correction's cap, with a warning
+    with pytest.warns(DeprecationWarning, match="rollout_correction.cap"):
+        assert _cfg(model_dir, tmp_path / "z", **{"async.tis_cap": 3.0}).rollout_correction.cap == 3.0
+    with pytest.raises(ConfigError, match="disagree"):
+        _cfg(model_dir, tmp_path / "z", **{"async.tis_cap": 3.0, "rollout_correction.cap": 2.5})
 
 
 def test_a_lora_policy_reaches_the_workers_merged(tmp_path, model_dir):
     local, dist = tmp_path / "local", tmp_path / "dist"
-    kw = dict(lora_rank=4, learning_rate=1e-2, steps=2, eval_every=0)
+    # the two engines' sampling log-probs agree to the last bits only (see below), and the rollout correction
+    # would train on those bits: off here, where what is compared is the weights the workers sample from
+    kw = dict(lora_rank=4, learning_rate=1e-2, steps=2, eval_every=0, **{"rollout_correction.mode": "none"})
     train_module.train_grpo(_cfg(model_dir, local, **kw))
     train_module.train_grpo(_cfg(model_dir, dist, **kw, **{"distributed.rollout_workers": 1}))
     got, want = _metrics(dist), _metrics(local)
@@ -205,5 +219,8 @@ def test_a_lora_policy_reaches_the_workers_merged(tmp_path, model_dir):
             # the local engine decodes with a copy built from the LoRA model's config, the worker with a model
             # loaded from disk: the same weights and tokens, entropies equal to the last bits
             assert g.pop("train/token_entropy") == pytest.approx(w.pop("train/token_entropy"), rel=1e-6)
+        for key in ("train/mismatch_kl", "train/mismatch_max_abs_log_ratio"):
+            if key in w:
+                assert g.pop(key) == pytest.approx(w.pop(key), abs=1e-6)
     assert got == want  # step 2's rollouts came from the merged step-1 adapter on both sides
     assert want[-1]["train/trained_tokens"] > 0

@@ -1,6 +1,7 @@
 """`rlvr demo` end to end on a tiny model: every stage runs, the table is written, a rerun skips done stages."""
 
 import json
+import re
 
 from typer.testing import CliRunner
 
@@ -13,8 +14,17 @@ def test_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
             "eval_max_new_tokens=4", "sft_steps=2", "sft_batch_size=2", "grpo_steps=1", "rollout_batch_size=4",
             "group_size=2", "max_new_tokens=4", "baseline_limit=2", "baseline_max_new_tokens=4",
             "untrained_eval_limit=2"]
-    result = CliRunner().invoke(app, args)
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
+    assert re.findall(r"stage (\d) of 6: ", result.output) == [str(k) for k in range(1, 7)]
+    # the terminal's tables read whole in 80 columns; the figure is written and named in the last line
+    assert max(len(line) for line in result.output.splitlines() if "│" in line or "┃" in line) <= 80
+    assert "…" not in result.output
+    last = [line for line in result.output.splitlines() if line.strip()][-1]
+    assert (out / "results.png").stat().st_size > 10_000 and str(out / "results.png") in last, last
+    assert "test accuracy" in result.output
+    timings = json.loads((out / "timings.json").read_text())
+    assert list(timings) == ["prompting baseline", "baseline eval", "sft", "sft eval", "grpo", "grpo eval"]
     table = (out / "results.md").read_text()
     for stage in ("baseline (first 2)", "after SFT", "after SFT + GRPO"):  # the untrained row names its size
         assert f"| {stage} |" in table
@@ -28,6 +38,9 @@ def test_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0, again.output
     assert (out / "sft" / "final" / "DONE").stat().st_mtime == stamp  # finished stages are not redone
+    assert json.loads((out / "timings.json").read_text()) == timings  # and keep the times they took
+    assert "reused from an earlier run: prompting baseline, baseline eval, sft, sft eval, grpo, grpo eval" in again.output
+    assert "| sft (reused) |" in (out / "results.md").read_text()
 
 
 def test_a_demo_directory_of_other_settings_is_refused_not_reused(tmp_path, model_dir):

@@ -280,3 +280,33 @@ def test_opd_forward_with_lora_is_killed_and_resumes_exactly(tmp_path, model_dir
     assert all(r["train/grad_norm"] > 0 for r in straight)
     assert len({round(r["train/teacher_kl_exact"], 6) for r in straight}) == 4
     assert (tmp_path / "straight" / "final" / "model.safetensors").is_file()  # merged for evaluation
+
+
+@pytest.mark.parametrize("direction", ["reverse", "forward", "sampled"])
+def test_a_teacher_with_a_padded_vocabulary_is_the_same_teacher(direction, tmp_path, model_dir, teacher_dir,
+                                                                tokenizer):
+    """Issue 36 item 5: one tokenizer, embedding matrices padded to other sizes (Qwen2.5 0.5B: 151,936 rows;
+    7B: 152,064). The teacher padded by 64 rows of noise distills exactly as the unpadded one."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    teacher = AutoModelForCausalLM.from_pretrained(teacher_dir)
+    padded = make_model(len(tokenizer) + 64, seed=3)
+    state = teacher.state_dict()
+    with torch.no_grad():
+        for name, value in padded.state_dict().items():
+            if value.shape == state[name].shape:
+                value.copy_(state[name])
+            else:  # the embedding (tied head): the teacher's rows, then 64 random ones no token id names
+                value[: len(tokenizer)].copy_(state[name])
+    padded_dir = tmp_path / "padded"
+    padded.save_pretrained(padded_dir)
+    tokenizer.save_pretrained(padded_dir)
+    kw = dict(steps=1) if direction == "sampled" else dict(steps=1, distill_kl=direction)
+    rows = {}
+    for name, path in (("plain", teacher_dir), ("padded", padded_dir)):
+        train_module.train_grpo(_opd_cfg(model_dir, path, tmp_path / name, **kw))
+        (rows[name],) = read_jsonl(tmp_path / name / "metrics.jsonl")
+    key = "train/teacher_reverse_kl" if direction == "sampled" else "train/teacher_kl_exact"
+    assert rows["padded"][key] == pytest.approx(rows["plain"][key], rel=1e-5) and rows["plain"][key] != 0
+    assert rows["padded"]["train/grad_norm"] == pytest.approx(rows["plain"]["train/grad_norm"], rel=1e-4)

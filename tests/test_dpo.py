@@ -99,6 +99,8 @@ def test_dpo_from_graded_rollouts_pairs_right_with_wrong(tmp_path, model_dir, mo
     assert rows[-1]["train/margin"] > rows[0]["train/margin"]  # the policy moves toward the chosen answers
     pairs = [json.loads(line) for line in (tmp_path / "run" / "pairs.jsonl").read_text().splitlines()]
     assert all("<answer> " in p["chosen"] and p["chosen"] != p["rejected"] for p in pairs)
+    # a sampled pair keeps, and trains, the ids the engine sampled (the stub's one-token ids), not its text
+    assert {(tuple(p["chosen_ids"]), tuple(p["rejected_ids"])) for p in pairs} == {((100,), (102,))}
 
 
 def test_dpo_on_a_jsonl_learns_the_preference_and_resumes_exactly(tmp_path, model_dir, crash_at):

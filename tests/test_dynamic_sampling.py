@@ -73,3 +73,56 @@ def test_dynamic_sampling_questions_oversamples_the_first_round(tmp_path, model_
 def test_dynamic_sampling_questions_is_validated(tmp_path, model_dir, kw, field):
     with pytest.raises(ValueError, match=field):
         _cfg(model_dir, tmp_path / "bad", **kw)
+
+
+def always_right(response: str, ground_truth: str) -> dict:
+    return {"reward": 1.0, "format_reward": 1.0, "answer_reward": 1.0}
+
+
+def always_wrong(response: str, ground_truth: str) -> dict:
+    return {"reward": 0.0, "format_reward": 0.0, "answer_reward": 0.0}
+
+
+def _rows_per_step(out):
+    counts: dict[int, int] = {}
+    for row in read_jsonl(out / "rollouts.jsonl"):
+        counts[row["step"]] = counts.get(row["step"], 0) + 1
+    return counts
+
+
+def test_dynamic_sampling_keeps_the_groups_its_estimator_learns_from(tmp_path, model_dir, monkeypatch):
+    """Issue 36 item 4: RFT has no baseline, so an all-right group carries all of its signal: kept, in one round,
+    where a spread test would throw every group away and train the oversized last round."""
+    monkeypatch.setattr(train_module, "build_reward_fn", lambda cfg, name: always_right)
+    out = tmp_path / "rft"
+    train_module.train_grpo(_cfg(model_dir, out, algorithm="rft", steps=2, dynamic_sampling=True,
+                                 dynamic_sampling_rounds=3))
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "train/reward" in r]
+    assert all(r["train/dynamic_rounds"] == 1 and r["train/dynamic_kept_groups"] == 3 for r in rows)
+    assert all(r["train/updates_trained"] == 1 and r["train/trained_tokens"] > 0 for r in rows)
+    assert set(_rows_per_step(out).values()) == {12}
+
+
+def test_dynamic_sampling_with_nothing_to_learn_trains_no_more_than_a_batch(tmp_path, model_dir, monkeypatch):
+    """REINFORCE, one sample a question, every answer wrong: no question has signal in any round; the step
+    takes one batch of the last round (8 rollouts), not the 4 x 8 that round generated, and rollout metrics
+    describe all 8 + 32 + 32 sampled, with the kept batch's beside them."""
+    monkeypatch.setattr(train_module, "build_reward_fn", lambda cfg, name: always_wrong)
+    out = tmp_path / "reinforce"
+    train_module.train_grpo(_cfg(model_dir, out, algorithm="reinforce", group_size=1, rollout_batch_size=8, steps=1,
+                                 dynamic_sampling=True, dynamic_sampling_rounds=3))
+    row = [r for r in read_jsonl(out / "metrics.jsonl") if "train/reward" in r][-1]
+    assert row["train/dynamic_kept_groups"] == 0 and row["train/dynamic_sampled_rollouts"] == 8 + 32 + 32
+    assert _rows_per_step(out) == {1: 8}
+    assert row["train/pass@1"] == 0.0 and row["train/kept_pass@1"] == 0.0
+    assert "rollout/kept_mean_tokens" in row and row["rollout/max_tokens"] >= row["rollout/kept_max_tokens"]
+
+
+def test_dynamic_sampling_metrics_describe_everything_sampled(tmp_path, model_dir):
+    out = tmp_path / "metrics"
+    train_module.train_grpo(_cfg(model_dir, out, steps=2, dynamic_sampling=True, dynamic_sampling_rounds=6))
+    for r in [r for r in read_jsonl(out / "metrics.jsonl") if "train/reward" in r]:
+        # pass@1 of equal-sized groups is the mean answer reward: of all sampled, and of the kept batch
+        assert r["train/pass@1"] == pytest.approx(r["train/sampled_answer_reward"])
+        assert r["train/kept_pass@1"] == pytest.approx(r["train/answer_reward"])
+        assert r["train/dynamic_sampled_rollouts"] > 12 or r["train/pass@1"] == r["train/kept_pass@1"]

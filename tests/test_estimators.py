@@ -1,6 +1,7 @@
 """The estimator core against hand-computed values and the closed-form gradients of seed 004."""
 
 import math
+import typing
 
 import pytest
 import torch
@@ -450,3 +451,37 @@ def test_the_old_name_of_the_clip_still_works_with_a_warning():
         cfg = load_config(TrainConfig, overrides={"algorithm": "offpolicy_naive", "importance_reweighting_method": "grpo",
                                                   "cliprange": 0.2})
     assert cfg.importance_reweighting_method == "clip"
+
+
+def test_rollout_correction_weights_by_hand():
+    """Issue 36 item 2: rho_t = pi_old / mu per token; truncated (TIS) or masked (IcePop) per token or sequence."""
+    import math
+
+    from rlvr.config import RolloutCorrectionMode
+    from rlvr.estimators import ROLLOUT_CORRECTIONS, rollout_correction_weights
+
+    assert ROLLOUT_CORRECTIONS == typing.get_args(RolloutCorrectionMode)  # the config's copy of the names
+    old = torch.log(torch.tensor([[0.6, 0.5, 0.2, 0.9], [0.3, 0.3, 0.3, 0.3]]))
+    mu = torch.log(torch.tensor([[0.1, 0.5, 0.5, 0.9], [0.3, 0.75, 0.3, 0.3]]))
+    mu[1, 2] = float("nan")  # an unknown sampling log-prob: rho = 1
+    mask = torch.tensor([[True, True, True, False], [True, True, True, True]])
+    # rho: [[6, 1, 0.4, -], [1, 0.4, (unknown) 1, 1]]
+    w, meta = rollout_correction_weights(old, mu, mask, "token_tis", cap=2.0)
+    torch.testing.assert_close(w, torch.tensor([[2.0, 1.0, 0.4, 0.0], [1.0, 0.4, 1.0, 1.0]]))
+    assert int(meta["capped"]) == 1 and int(meta["tokens"]) == 7 and int(meta["known_tokens"]) == 6
+    k3 = sum(r - 1 - math.log(r) for r in (6.0, 1.0, 0.4, 1.0, 0.4, 1.0))
+    assert float(meta["mismatch_k3"]) == pytest.approx(k3, rel=1e-5)
+    assert float(meta["max_abs_log_ratio"]) == pytest.approx(math.log(6.0), rel=1e-5)
+    assert int(meta["outside_band"]) == 3  # 6, 0.4, 0.4 leave [0.5, 2]
+    w, meta = rollout_correction_weights(old, mu, mask, "token_mask", band=(0.6, 2.0))
+    torch.testing.assert_close(w, torch.tensor([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 1.0, 1.0]]))
+    assert int(meta["masked"]) == 3
+    # per sequence: row 0's rho = 6 * 1 * 0.4 = 2.4, row 1's = 0.4
+    w, _ = rollout_correction_weights(old, mu, mask, "sequence_tis", cap=2.0)
+    torch.testing.assert_close(w, torch.tensor([[2.0, 2.0, 2.0, 0.0], [0.4, 0.4, 0.4, 0.4]]))
+    w, _ = rollout_correction_weights(old, mu, mask, "sequence_mask", band=(0.3, 2.0))
+    torch.testing.assert_close(w, torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.4, 0.4, 0.4, 0.4]]))
+    w, _ = rollout_correction_weights(old, mu, mask, "none")
+    torch.testing.assert_close(w, mask.float())
+    with pytest.raises(ValueError, match="mode='tis'"):
+        rollout_correction_weights(old, mu, mask, "tis")

@@ -80,7 +80,7 @@ def test_rlvr_eval_rejects_bad_config(tmp_path):
     result = CliRunner().invoke(app, ["eval", "--limit", "0"])
     assert result.exit_code == 2 and "field 'limit'" in result.output
     result = CliRunner().invoke(app, ["eval", "--limt", "3"])
-    assert result.exit_code == 2 and "unknown field(s) 'limt'" in result.output
+    assert result.exit_code == 2 and "unknown field 'limt'; did you mean 'limit'?" in result.output
     result = CliRunner().invoke(app, ["eval", "--samples", "4", "--temperature", "0"])
     assert result.exit_code == 2 and "temperature" in result.output
 

@@ -19,7 +19,7 @@ from rlvr.config import ConfigError, TrainConfig
 from rlvr.plots import FIGURES, MINUTES_FIGURE, build_figures, lr_figure, minutes_figure
 from rlvr.report import fmt_difference, fmt_spread, sample_rollouts
 from rlvr.runs import (
-    difference, runs_to_resolve,
+    difference, metric_bounds, runs_to_resolve,
     differing_fields, group_runs, label_fields, load_groups, load_runs, metric_series, per_step_spread, spread,
     summarize, write_summary,
 )
@@ -120,7 +120,15 @@ def test_spread_is_the_95_percent_t_interval():
     assert ten.half_width == pytest.approx(0.216585, abs=1e-5)
     one = spread([0.4])  # a single run has no spread: no band, not a zero-width lie in the tables
     assert math.isnan(one.std) and math.isnan(one.half_width) and one.band() == (0.4, 0.4)
-    assert fmt_spread(one) == "0.400 (n=1)" and fmt_spread(s) == "0.600 ± 0.248"
+    assert fmt_spread(one) == "0.400 (n=1)" and fmt_spread(s) == "0.600 ± 0.248 (df 2)"
+    # two seeds, 0.6 and 0.9: mean 0.75 ± 12.706 * 0.212132 / sqrt(2) = 1.906, far outside [0, 1]: the band of an
+    # accuracy is what of it lies inside [0, 1], and the table says so (issue 41 item 7)
+    two = spread([0.6, 0.9])
+    assert two.half_width == pytest.approx(1.9059, abs=1e-3)
+    assert two.band("ci", (0.0, 1.0)) == (0.0, 1.0) and two.band("ci")[0] < -1
+    assert fmt_spread(two) == "0.750 [0.000, 1.000] (df 1)"
+    assert metric_bounds("val/accuracy") == metric_bounds("train/pass@4") == (0.0, 1.0)
+    assert metric_bounds("train/loss") is None and metric_bounds("rollout/mean_tokens") is None
 
 
 def test_difference_of_two_groups_is_the_pooled_two_sample_t_interval():
@@ -335,7 +343,8 @@ def test_report_is_one_self_contained_page_with_configs_numbers_plots_and_escape
                  "learning_rate", "1e-05"):
         assert text in page
     # numbers with their spread: grpo final 0.600 ± 0.113 [0.5, 0.7]; best 0.633 ± 0.173; dr_grpo 0.300 ± 0.113
-    assert "0.600 ± 0.248" in page and "0.633 ± 0.379" in page and "0.300 ± 0.248" in page
+    # (best: 0.633 ± 0.379 would pass 1, so the table shows the part of the interval inside [0, 1])
+    assert "0.600 ± 0.248 (df 2)" in page and "0.633 [0.254, 1.000] (df 2)" in page and "0.300 ± 0.248" in page
     assert "<td>0.500</td><td>0.700</td>" in page
     # every figure embedded: no file next to the page is needed
     assert page.count('src="data:image/png;base64,') == 8
@@ -730,7 +739,7 @@ def test_seed004_results_page_follows_the_runs(tmp_path):
     # grpo [0.5, 0.6, 0.7] - grpo_constant [0.2, 0.4, 0.3]: 0.3 +- 2.7764 * sqrt(0.01 * 2/3) = 0.227
     assert ("- sequence vs constant normalisation (grpo - grpo_constant): greedy +0.300 ± 0.227, larger than the "
             "spread") in page
-    assert "| algorithm=grpo | 3 (3) | 0.600 ± 0.248 | 0.100 |" in page
+    assert "| algorithm=grpo | 3 (3) | 0.600 ± 0.248 (df 2) | 0.100 |" in page
     # grpo - grpo_token: 0.25 > 0.227, also resolved; maxrl's unfinished run is not in the answer
     assert ("**Answer, final greedy accuracy:** highest algorithm=grpo (0.600); within the spread of it: none; below it "
             "by more than the spread: algorithm=grpo_constant (0.300), algorithm=grpo_token (0.350).") in page

@@ -13,7 +13,7 @@ from rlvr.algorithms import PRESETS
 from rlvr.policy import tokenize_prompt_and_output
 
 from conftest import run_update
-from test_train import _cfg, _parity  # noqa: F401 (_parity: the autouse reward with signal in every group)
+from test_train import _cfg, _parity, parity_reward  # noqa: F401 (_parity: the autouse reward with signal in every group)
 
 
 def _spy(monkeypatch, name, calls):
@@ -127,3 +127,51 @@ def test_learning_rate_of_every_optimizer_step_is_the_schedule(tmp_path, model_d
 
     logged = [r["train/lr"] for r in read_jsonl(tmp_path / "lr" / "metrics.jsonl")]
     assert logged == pytest.approx([schedule(4), schedule(8), schedule(12)], rel=1e-9)
+
+
+def test_the_trained_response_is_the_sampled_ids_eos_included(tmp_path, model_dir, tiny_model, tokenizer):
+    """Issue 36 item 3: what the update trains (labels under the response mask) is each rollout's sampled ids,
+    EOS included when it was sampled, where decoding and re-encoding the text would give other ids."""
+    from rlvr.data import Example
+    from rlvr.hf_engine import HFEngine
+    from rlvr.rollout import SamplingParams
+
+    cfg = _cfg(model_dir, tmp_path / "run", rollout_batch_size=64, group_size=32, max_new_tokens=40)
+    engine = HFEngine(tiny_model, tokenizer, batch_size=64)
+    prompts = ["1+2=", "3*4="]
+    completions = engine.generate(prompts, SamplingParams(max_new_tokens=40, n=32, seed=3))
+    rollouts = train_module.Rollouts([Example("1+2", "3"), Example("3*4", "12")], prompts, completions)
+    scored = train_module.score_rollouts(rollouts, parity_reward, PRESETS["grpo"], cfg, tokenizer)
+    batch = scored.batch
+    trained = [batch.labels[j][batch.response_mask[j]].tolist() for j in range(len(completions))]
+    assert trained == [c.token_ids for c in completions]
+    stopped = [c for c in completions if c.finish_reason == "stop"]
+    assert stopped and all(c.token_ids[-1] == tokenizer.eos_token_id for c in stopped)  # the decision to stop
+    # the text path this replaces trains other ids: EOS dropped, and bytes that are not UTF-8 come back as U+FFFD
+    retokenised = tokenize_prompt_and_output([prompts[c.prompt_index] for c in completions],
+                                             [c.text for c in completions], tokenizer)
+    differs = sum(retokenised["labels"][j][retokenised["response_mask"][j]].tolist() != trained[j]
+                  for j in range(len(completions)))
+    assert differs >= len(stopped)
+
+
+def test_every_step_measures_the_rollout_trainer_mismatch_and_corrects_it(tmp_path, model_dir):
+    """Issue 36 item 2: a synchronous run with a bf16 engine and an fp32 learner logs the mismatch of the
+    engine's sampling log-probs against the trainer's, and weights the loss by the correction (default
+    token_tis); with mode none it is measured and not applied."""
+    from rlvr.tracking import read_jsonl
+
+    runs = {}
+    for mode in ("token_tis", "none"):
+        out = tmp_path / mode
+        train_module.train_grpo(_cfg(model_dir, out, steps=1, eval_every=0, generation_dtype="bfloat16",
+                                     **{"rollout_correction.mode": mode}))
+        runs[mode] = [r for r in read_jsonl(out / "metrics.jsonl") if "train/loss" in r][-1]
+    for row in runs.values():
+        assert row["train/mismatch_kl"] > 0 and 0 < row["train/mismatch_max_abs_log_ratio"] < 1
+        assert 0 <= row["train/mismatch_outside_band_fraction"] < 1
+    tis, none = runs["token_tis"], runs["none"]
+    assert tis["train/mismatch_kl"] == none["train/mismatch_kl"]  # the same rollouts, the same policy
+    assert 0.9 < tis["train/is_weight_mean"] < 1.1 and tis["train/is_weight_max"] <= 2.0
+    assert "train/is_weight_mean" not in none
+    assert tis["train/loss"] != none["train/loss"]

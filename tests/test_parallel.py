@@ -63,12 +63,43 @@ def _worker(rank: int, world: int, port: int, aggregation: str, out: str):
     from rlvr.parallel import init_learner_group
 
     torch.set_num_threads(1)
-    parallel = init_learner_group(rank, world, "127.0.0.1", port, backend="gloo", timeout_s=60)
+    parallel = init_learner_group(rank, world, "127.0.0.1", port, backend="gloo", device="cpu", timeout_s=60)
+    parallel.group = _Declared(parallel.group)  # every collective of the real update passes the device check
     model = _model()
     metas = _train(model, [_batch(0), _batch(1), _batch(2)], _spec(aggregation), parallel)
     if rank == 0:
-        torch.save({"state": model.state_dict(), "metas": metas}, out)
-    torch.distributed.destroy_process_group()
+        torch.save({"state": model.state_dict(), "metas": metas, "devices": parallel.group.seen}, out)
+    parallel.close()
+
+
+class _Declared:
+    """A learner group that records the device of every tensor sent through it and refuses any other than its
+    declared one (what NCCL does to a CPU tensor), around the real group."""
+
+    def __init__(self, group, device=None):
+        self.inner, self.device, self.seen = group, torch.device(device or group.device), []
+
+    def _check(self, tensor, op):
+        self.seen.append((op, str(tensor.device)))
+        if tensor.device != self.device:
+            raise ValueError(f"{op}: tensor on {tensor.device}, group declared on {self.device}")
+
+    def all_reduce(self, tensor, op=torch.distributed.ReduceOp.SUM):
+        self._check(tensor, "all_reduce")
+        return self.inner.all_reduce(tensor, op) if self.inner is not None else tensor
+
+    def broadcast(self, tensor, src=0):
+        self._check(tensor, "broadcast")
+        return self.inner.broadcast(tensor, src) if self.inner is not None else tensor
+
+    def rank(self):
+        return self.inner.rank() if self.inner is not None else 0
+
+    def size(self):
+        return self.inner.size() if self.inner is not None else 2
+
+    def close(self):
+        self.inner.close()
 
 
 @pytest.mark.parametrize("aggregation", ["sequence", "constant", "token"])
@@ -85,6 +116,8 @@ def test_two_gloo_learners_make_the_single_process_update(tmp_path, aggregation)
         torch.testing.assert_close(got["state"][name], value, atol=1e-6, rtol=0, msg=name)
         moved = max(moved, float((value - fresh[name]).abs().max()))
     assert moved > 1e-2  # the weights really moved, so agreement is not trivial
+    ops = {op for op, _ in got["devices"]}
+    assert ops == {"all_reduce"} and {d for _, d in got["devices"]} == {"cpu"}
     for single, parallel in zip(metas, got["metas"]):
         for key in ("trained_rollouts", "trained_tokens", "pruned_fraction", "microbatches"):
             assert parallel[key] == single[key], key
@@ -105,9 +138,9 @@ def test_shards_keep_prompts_together_and_cover_every_row_once():
 
 
 def test_truncated_importance_sampling_weights_each_token_by_the_capped_ratio():
-    """With sampling-time log-probs, the on-policy loss of each token is weighted by min(pi / pi_old, cap): the
+    """With sampling-time log-probs mu, the on-policy loss of each token is weighted by min(pi / mu, cap): the
     same step as per-token advantages A * w."""
-    from rlvr.update import score_log_probs
+    from rlvr.update import RolloutCorrection, score_log_probs
 
     batch = _batch(3)
     spec = _spec("sequence")
@@ -120,12 +153,152 @@ def test_truncated_importance_sampling_weights_each_token_by_the_capped_ratio():
     weight[0] = batch.response_mask[0].double()
 
     tis, reference = make_model(len(make_tokenizer())).double(), make_model(len(make_tokenizer())).double()
-    with_tis = dataclasses.replace(batch, old_log_probs=behaviour)
+    with_tis = dataclasses.replace(batch, rollout_log_probs=behaviour)
     per_token = dataclasses.replace(batch, advantages=batch.advantages.unsqueeze(-1) * weight)
     _, meta = policy_gradient_update(tis, torch.optim.SGD(tis.parameters(), lr=0.5), with_tis, spec, 2, None,
-                                     tis_cap=2.0)
+                                     rollout_correction=RolloutCorrection("token_tis", 2.0))
     policy_gradient_update(reference, torch.optim.SGD(reference.parameters(), lr=0.5), per_token, spec, 2, None)
     for (name, a), b in zip(tis.named_parameters(), reference.parameters()):
         torch.testing.assert_close(a, b, atol=1e-8, rtol=0, msg=name)  # lp above is float32-rounded
     assert meta["is_weight_max"] == pytest.approx(2.0)
     assert 0.3 < meta["is_capped_fraction"] < 0.7
+
+
+def test_a_group_refuses_a_tensor_on_another_device_and_nccl_on_the_cpu():
+    from rlvr.parallel import Group
+
+    group = Group("gloo", "meta", 60.0)
+    with pytest.raises(ValueError, match=r"all_reduce: a tensor on cpu sent to a gloo group on meta"):
+        group.all_reduce(torch.zeros(3))
+    with pytest.raises(ValueError, match="broadcast"):
+        group.broadcast(torch.zeros(3))
+    with pytest.raises(ValueError, match="NCCL group carries CUDA tensors"):
+        Group("nccl", "cpu", 60.0)
+
+
+def test_statistics_are_reduced_on_the_groups_device_not_the_cpu():
+    """The learners' sums and maxima (update.py) go on the group's device: on GPUs an NCCL group has no CPU
+    backend, and the old code made them float64 CPU tensors whatever the group. A group declared on `meta`
+    (a device that is not the CPU) sees where they are made."""
+    from rlvr.parallel import DataParallel
+
+    class Meta(_Declared):
+        def all_reduce(self, tensor, op=torch.distributed.ReduceOp.SUM):
+            self._check(tensor, "all_reduce")
+            return torch.tensor([7.0] * tensor.numel(), dtype=tensor.dtype)  # what a reduction would bring back
+
+    group = Meta(None, "meta")
+    parallel = DataParallel(group)
+    assert parallel.sum_floats([1.0, 2.0]) == [7.0, 7.0]
+    assert parallel.max_floats([1.0]) == [7.0]
+    assert group.seen == [("all_reduce", "meta"), ("all_reduce", "meta")]
+
+
+def test_one_backend_per_group_from_where_its_ranks_run():
+    from rlvr.config import TrainConfig, choose_backend
+
+    assert choose_backend("auto", ["cuda", "cuda"], "x") == "nccl"
+    assert choose_backend("auto", ["cpu", "cpu"], "x") == "gloo"
+    assert choose_backend("gloo", ["cuda"], "x") == "gloo"
+    with pytest.raises(ValueError, match="CPU and on GPUs"):
+        choose_backend("auto", ["cuda", "cpu"], "x")
+    with pytest.raises(ValueError, match="nccl needs every rank on a GPU"):
+        choose_backend("nccl", ["cpu"], "x")
+    # learners that asked Ray for no GPU are CPU ranks: gloo, even on a machine with GPUs (the old code picked
+    # NCCL from torch.cuda.is_available() and crashed at the first CPU all-reduce)
+    cfg = TrainConfig(distributed={"rollout_workers": 1, "learners": 2})
+    assert cfg.distributed.learner_device == "cpu" and cfg.distributed.learner_backend == "gloo"
+    cfg = TrainConfig(distributed={"rollout_workers": 1, "learners": 2, "learner_num_gpus": 1})
+    assert cfg.distributed.learner_backend == "nccl"
+    for fields, message in (
+            ({"rollout_workers": 2, "learner_num_gpus": 1, "weight_sync": "broadcast"},
+             r"weight_sync=broadcast with distributed.learner_num_gpus=1 and distributed.rollout_num_gpus=0"),
+            ({"rollout_workers": 1, "learners": 2, "learner_num_gpus": 0.5}, "Duplicate GPU"),
+            ({"rollout_workers": 2, "learner_num_gpus": 1, "rollout_num_gpus": 0.5, "weight_sync": "broadcast"},
+             "share a GPU"),
+            ({"rollout_workers": 1, "learners": 2, "backend": "nccl"}, "nccl needs every rank on a GPU")):
+        with pytest.raises(ValueError, match=message):
+            TrainConfig(distributed=fields)
+    with pytest.raises(ValueError, match="device=cpu with distributed.learner_num_gpus=1"):
+        TrainConfig(device="cpu", distributed={"rollout_workers": 1, "learner_num_gpus": 1})
+
+
+def test_an_actor_runs_where_ray_put_it(monkeypatch):
+    from rlvr import devices
+    from rlvr.devices import actor_device
+
+    monkeypatch.setattr(devices, "cuda_count", lambda: 8)  # Ray >= 2.60: an actor without GPUs still sees them
+    assert actor_device("auto", 0, [], "f") == torch.device("cpu")
+    assert actor_device("cuda:3", 0, [], "f") == torch.device("cpu")
+    with pytest.raises(RuntimeError, match=r"Ray gave this actor GPU\(s\) \[5\], but torch sees 8"):
+        actor_device("auto", 1, [5], "distributed.learner_num_gpus")
+    monkeypatch.setattr(devices, "cuda_count", lambda: 1)  # CUDA_VISIBLE_DEVICES=5: Ray's GPU is cuda:0
+    assert actor_device("auto", 1, [5], "f") == torch.device("cuda", 0)
+    assert actor_device("auto", 0.5, [5], "f") == torch.device("cuda", 0)
+    with pytest.raises(RuntimeError, match="no GPU"):
+        actor_device("auto", 1, [], "f")
+    with pytest.raises(RuntimeError, match="use device=auto"):
+        actor_device("cuda:1", 1, [5], "f")
+
+
+def test_a_learner_that_does_not_see_the_drivers_run_directory_stops(tmp_path, monkeypatch):
+    import ray
+
+    from rlvr.cluster import check_shared_run_dir, write_run_token
+
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "10.0.0.7")
+    token = write_run_token(tmp_path)
+    check_shared_run_dir(tmp_path, token, "learner rank 1")  # sees it
+    with pytest.raises(RuntimeError, match=r"learner rank 1 on node 10.0.0.7 .* missing.*shares"):
+        check_shared_run_dir(tmp_path / "elsewhere", token, "learner rank 1")
+    with pytest.raises(RuntimeError, match="from another run"):
+        check_shared_run_dir(tmp_path, "0" * 16, "learner rank 1")
+
+
+def test_paths_are_made_absolute_on_the_driver(tmp_path, monkeypatch):
+    from rlvr.cluster import absolute_paths
+    from rlvr.config import TrainConfig
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "est.py").write_text("from rlvr.algorithms import get_preset\nSPEC = get_preset('grpo')\n")
+    (tmp_path / "m").mkdir()
+    cfg = absolute_paths(TrainConfig(out="runs/x", model="m", algorithm="est.py:SPEC"))
+    assert cfg.out == str(tmp_path / "runs/x") and cfg.model == str(tmp_path / "m")
+    assert cfg.algorithm == f"{tmp_path / 'est.py'}:SPEC"
+    assert absolute_paths(TrainConfig(model="SmolLM2-135M-Instruct")).model == "SmolLM2-135M-Instruct"
+
+
+_THREADS_AFTER_CLOSE = r"""
+import os, socket, sys, time
+import torch
+def threads():
+    return sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+from rlvr.parallel import init_learner_group
+before = threads()
+parallel = init_learner_group(0, 1, "127.0.0.1", port, backend="gloo", device="cpu", timeout_s=30)
+# a new thread names itself once it runs, which on a busy machine can be after init returns
+deadline = time.monotonic() + 30
+while not any(name.startswith("pt_gloo") for name in threads()) and time.monotonic() < deadline:
+    time.sleep(0.05)
+during = threads()
+import torch.distributed.nn.functional  # what transformers imports while it builds a model
+parallel.close()
+print(repr((before, during, threads())))
+"""
+
+
+def test_closing_the_learner_group_frees_its_gloo_threads():
+    """The cause of the gloo test's SIGABRT: a group kept alive past destroy_process_group (by default arguments
+    bound to group.WORLD in torch.distributed.nn.functional) still has worker threads at interpreter exit. In a
+    fresh interpreter, so that the import order is the one a learner process has."""
+    import ast
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _THREADS_AFTER_CLOSE], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    before, during, after = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert any(name.startswith("pt_gloo") for name in during)  # the probe sees the group's threads at all
+    assert after == before, f"threads left after close: {sorted(set(after) - set(before))}"

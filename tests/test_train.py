@@ -62,8 +62,11 @@ def test_every_preset_runs_three_steps_with_finite_metrics(tmp_path, model_dir, 
             assert row["rollout/truncated_rate"] > 0.5 and row["train/trained_tokens"] == 0
             assert not [k for k in UPDATE_ONLY if k in row]
             keys = [k for k in keys if k not in UPDATE_ONLY]
+        elif row["train/updates_trained"] == 0:  # parity rewards can leave every group without spread
+            assert row["train/frac_groups_zero_std"] == 1.0 and row["train/trained_tokens"] == 0
+            keys = [k for k in keys if k not in UPDATE_ONLY]
         else:  # a train batch of 2 may hold no signal
-            assert 1 <= row["train/updates_trained"] <= preset.steps_per_rollout
+            assert row["train/updates_trained"] <= preset.steps_per_rollout
         assert not [k for k in keys if k not in row], f"missing {[k for k in keys if k not in row]}"
         assert all(math.isfinite(row[k]) for k in keys)
     assert summary["steps"] == 3 and (tmp_path / algorithm / "final" / "DONE").is_file()

@@ -32,6 +32,7 @@ _EXPORTS = {
     "load_model": "rlvr.models",
     # policy: tokenisation, log-probs, the SFT microbatch step
     "tokenize_prompt_and_output": "rlvr.policy",
+    "tokenize_prompt_and_ids": "rlvr.policy",
     "get_response_log_probs": "rlvr.policy",
     "sft_microbatch_train_step": "rlvr.policy",
     # training

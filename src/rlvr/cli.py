@@ -17,14 +17,42 @@ _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
 ConfigOption = typer.Option(None, "--config", "-c", help="YAML config file (configs/*.yaml)")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"rlvr {version('rlvr')}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="show the Python traceback of an error (or RLVR_DEBUG=1)"),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="print rlvr's version"),
+) -> None:
     """rlvr: reinforcement learning from verifiable rewards (GRPO family) on GSM8K."""
+    if debug:
+        import os
+
+        os.environ["RLVR_DEBUG"] = "1"
+
+
+def _debug() -> bool:
+    import os
+
+    return os.environ.get("RLVR_DEBUG", "") not in ("", "0")
 
 
 def _fail(message: str) -> None:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
+
+
+def _os_error(err: OSError) -> str:
+    """[Errno 20] Not a directory: 'x/y' -> "x/y: not a directory"."""
+    if err.filename is not None and err.strerror:
+        return f"{err.filename}: {err.strerror[0].lower() + err.strerror[1:]}"
+    return str(err)
 
 
 def _config(cls, path, ctx: typer.Context):
@@ -53,12 +81,31 @@ def _run(cls, config: Path | None, ctx: typer.Context, module: str, function: st
     cfg = _config(cls, config, ctx)
     from importlib import import_module
 
+    from rlvr.loop_common import RunInterrupted
     from rlvr.sandbox import SandboxUnavailable
 
     try:
         getattr(import_module(module), function)(cfg)
-    except (ValueError, FileNotFoundError, FileExistsError, SandboxUnavailable) as err:
+    except RunInterrupted as stopped:
+        typer.secho(str(stopped), fg=typer.colors.YELLOW, err=True)
+        raise typer.Exit(130)
+    except KeyboardInterrupt:  # a second Ctrl-C: stopped inside a step, which is not saved
+        typer.secho(f"interrupted inside a step; the last checkpoint in {getattr(cfg, 'out', '.')} (if any) is kept. "
+                    f"Continue with the same command and resume=true", fg=typer.colors.YELLOW, err=True)
+        raise typer.Exit(130)
+    except (ValueError, SandboxUnavailable) as err:
+        if _debug():
+            raise
         _fail(str(err))
+    except OSError as err:  # a path that is not there, not a directory, not writable: the user's to fix
+        if _debug():
+            raise
+        _fail(_os_error(err) if err.errno is not None else str(err))
+    except Exception as err:  # noqa: BLE001 -- a bug of rlvr's: one line, and the way to see more
+        if _debug():
+            raise
+        _fail(f"{type(err).__name__}: {err} (this is a bug in rlvr, or a case it does not handle; "
+              "`rlvr --debug ...` or RLVR_DEBUG=1 shows the traceback)")
 
 
 @app.command("eval", context_settings=_EXTRA, help="Evaluate a model on GSM8K or another task.\n\n" + fields_help(EvalConfig))
@@ -91,22 +138,32 @@ def demo_command(ctx: typer.Context, config: Path = ConfigOption):
 
 
 @app.command("algorithms")
-def algorithms_command():
+def algorithms_command(wide: bool = typer.Option(False, "--wide", help="also each preset's summary (a wide "
+                                                                     "terminal shows it anyway)")):
     """List the named policy-gradient algorithms and the choices each one makes."""
     from rich.console import Console
     from rich.table import Table
 
     from rlvr.algorithms import PRESETS
 
-    table = Table(title="algorithms (presets of independent choices)")
-    for col in ("name", "baseline", "normaliser", "weighting", "clip", "aggregation", "steps/rollout",
-                "advantage from", "summary"):
-        table.add_column(col)
+    console = Console()
+    wide = wide or console.width >= 160
+    table = Table(title="algorithms (presets of independent choices)", box=None, pad_edge=False, header_style="bold underline",
+                  padding=(0, 1, 0, 0))
+    # whole at 80 columns: short headers, no borders; the name (what a user types) is never cut
+    columns = ("name", "baseline", "normaliser", "weighting", "clip", "aggregation", "steps/rollout",
+               "advantage from") if wide else ("name", "base", "norm", "weight", "clip", "agg", "k", "signal")
+    for col in columns + (("summary",) if wide else ()):
+        table.add_column(col, no_wrap=col != "summary")
     for name, p in PRESETS.items():
-        clip = "" if p.cliprange is None and p.cliprange_high is None else f"{p.cliprange}/{p.cliprange_high or p.cliprange}"
+        clip = "" if p.cliprange is None else f"{p.cliprange:g}" + (f"/{p.cliprange_high:g}" if p.cliprange_high else "")
         table.add_row(name, p.baseline, p.advantage_normalizer, p.importance_reweighting_method, clip,
-                      p.loss_normalization, str(p.steps_per_rollout), p.reward_signal, p.summary)
-    Console().print(table)
+                      p.loss_normalization, str(p.steps_per_rollout), p.reward_signal, *((p.summary,) if wide else ()))
+    console.print(table)
+    if not wide:
+        console.print("base: baseline, norm: advantage normaliser, weight: importance weighting, agg: loss "
+                      "aggregation, k: optimizer steps per rollout batch, signal: the reward the advantage uses; "
+                      "--wide adds each preset's summary")
 
 
 # ----------------------------------------------------------------------------------------------------

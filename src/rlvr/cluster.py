@@ -3,7 +3,8 @@ synchronous vs asynchronous RL).
 
     driver (this process)   the loop of rl.py: data order, prompts, rewards, advantages, metrics, the monitor
     RolloutWorker x N       an HFEngine each; generates with the newest weights it was sent
-    Learner x M             one torch.distributed group (gloo on CPU, NCCL on GPU): policy, optimizer, reference;
+    Learner x M             one torch.distributed group (its backend decided once for all ranks by
+                            rlvr.config.choose_backend): policy, optimizer, reference;
                             each trains its shard of the batch and the gradients are summed (rlvr.parallel), so
                             M learners make the one-process update
     weights                 learner rank 0 -> one object in Ray's store -> every worker reads it (any node), or
@@ -17,8 +18,9 @@ reach every worker before the next generate (Ray runs an actor's calls in the or
 Asynchronous mode (async.max_staleness=K >= 1): workers generate the next batches with the weights they have
 while the learners train. A batch is submitted only when it will be trained at most K versions after the
 weights it is generated with (batches in flight + the one training <= K), and a batch older than K when its turn
-comes (batches finishing out of order) is dropped and counted. Its sampling-time log-probs are the old policy:
-the clip estimators use them as pi_old, on-policy ones get truncated importance sampling (async.tis_cap).
+comes (batches finishing out of order) is dropped and counted. As in every mode, pi_old is the learner's policy
+before the batch's first update (decoupled PPO) and the workers' sampling log-probs enter through
+rollout_correction.* (truncated or masked importance sampling of pi_old / mu).
 
 Every wait has a timeout (distributed.timeout_s) and names what it waits for; a dead actor stops the run with
 an error naming the role and the last checkpoint, from which resume=true continues (exactly, in synchronous
@@ -41,7 +43,7 @@ from rlvr import checkpoint as ckpt
 from rlvr import rl
 from rlvr.config import TrainConfig
 from rlvr.data import DataOrder, load_split
-from rlvr.devices import native_dtype, resolve, resolve_placement
+from rlvr.devices import actor_device, native_dtype, resolve_placement
 from rlvr.loop_common import (build_optimizer, load_policy, native_precision, open_logger, restore, start_run,
                               trainer_state, validate)
 from rlvr.prompts import get_prompt
@@ -63,6 +65,12 @@ def _threads(num_cpus: float) -> None:
     torch.set_num_threads(max(1, int(num_cpus)))
 
 
+def _actor_device(cfg: TrainConfig, num_gpus: float, field: str) -> torch.device:
+    import ray
+
+    return actor_device(cfg.device, num_gpus, ray.get_gpu_ids() if num_gpus > 0 else [], field)
+
+
 class RolloutWorker:
     """A rollout engine in its own process; also the evaluator (worker 0 validates)."""
 
@@ -72,8 +80,7 @@ class RolloutWorker:
 
         self.cfg = TrainConfig.model_validate(cfg)
         _threads(self.cfg.distributed.rollout_num_cpus)
-        # device=auto: the GPU Ray gave this actor (distributed.rollout_num_gpus), else the CPU
-        device = resolve(self.cfg.device)
+        self.device = device = _actor_device(self.cfg, self.cfg.distributed.rollout_num_gpus, "distributed.rollout_num_gpus")
         model, self.tokenizer = load_model(self.cfg.model, device=device)
         self.engine = HFEngine(model, self.tokenizer, batch_size=self.cfg.generation_batch_size,
                                dtype=native_dtype(self.cfg.generation_dtype, device))
@@ -90,7 +97,8 @@ class RolloutWorker:
         from rlvr.parallel import WeightBroadcast
 
         d = self.cfg.distributed
-        self.weight_group = WeightBroadcast(host, port, self.index + 1, d.rollout_workers + 1, d.backend, d.timeout_s)
+        self.weight_group = WeightBroadcast(host, port, self.index + 1, d.rollout_workers + 1, d.weight_backend,
+                                            self.device, d.timeout_s)
         tensors = self.engine.named_tensors()
         self.receive_into = [tensors[name] for name in names]
 
@@ -125,19 +133,21 @@ class Learner:
             s.bind(("", 0))
             return ray.util.get_node_ip_address(), s.getsockname()[1]
 
-    def setup(self, master_addr: str, master_port: int) -> dict | None:
+    def setup(self, master_addr: str, master_port: int, run_token: str = "") -> dict | None:
         """Join the group, load the policy (from the last checkpoint when resuming); returns the checkpoint's
-        loop state (step, data position, monitor) or None."""
+        loop state (step, data position, monitor) or None. `run_token`: what the driver wrote into the run
+        directory, which this learner must see (a shared filesystem)."""
         cfg = self.cfg
+        check_shared_run_dir(Path(cfg.out), run_token, f"learner rank {self.rank}")
+        self.device = device = _actor_device(cfg, cfg.distributed.learner_num_gpus, "distributed.learner_num_gpus")
         if self.world_size > 1:
             from rlvr.parallel import init_learner_group
 
             self.parallel = init_learner_group(self.rank, self.world_size, master_addr, master_port,
-                                               cfg.distributed.backend, cfg.distributed.timeout_s)
+                                               cfg.distributed.learner_backend, device, cfg.distributed.timeout_s)
         ckpt.seed_everything(cfg.seed)
         self.run_dir = Path(cfg.out)
-        device = resolve(cfg.device)  # auto: the GPU Ray gave this actor (distributed.learner_num_gpus)
-        self.cfg = cfg = native_precision(cfg, resolve_placement(cfg.device))
+        self.cfg = cfg = native_precision(cfg, resolve_placement(str(device)))
         self.model, self.tokenizer, state = load_policy(cfg, self.run_dir, [device])
         if self.parallel is not None:  # identical replicas, whatever the loading did (LoRA's random init)
             self.parallel.broadcast_module_(self.model)
@@ -145,14 +155,16 @@ class Learner:
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg, cfg.steps * self.spec.steps_per_rollout)
         self.reference = _reference_model(cfg, device)
         restore(state, self.optimizer, self.scheduler, DataOrder(1, "learner"))
+        if self.parallel is not None:  # a rank that found another (or no) checkpoint would drift with no error
+            self.parallel.same_on_every_rank("the checkpoint step it resumed from", state["step"] if state else 0)
         if state is None:
             return None
         return {k: state[k] for k in ("step", "epoch", "position", "monitor")}
 
-    def train(self, batch, step: int, tis_cap: float | None) -> dict:
+    def train(self, batch, step: int) -> dict:
         times: dict[str, float] = {}
         updates = train_on_rollouts(self.model, self.optimizer, self.scheduler, self.reference, batch, self.spec,
-                                    self.cfg, step, times, parallel=self.parallel, tis_cap=tis_cap)
+                                    self.cfg, step, times, parallel=self.parallel)
         return {"updates": updates, "lr": self.scheduler.get_last_lr()[0], "times": times}
 
     def weights(self) -> dict:
@@ -169,10 +181,14 @@ class Learner:
         from rlvr.parallel import WeightBroadcast
 
         d = self.cfg.distributed
-        self.weight_group = WeightBroadcast(host, port, 0, d.rollout_workers + 1, d.backend, d.timeout_s)
+        self.weight_group = WeightBroadcast(host, port, 0, d.rollout_workers + 1, d.weight_backend, self.device,
+                                            d.timeout_s)
 
     def broadcast_weights(self) -> None:
-        self.weight_group.broadcast_(list(self.weights().values()))
+        from rlvr.hf_engine import engine_weights
+
+        # from the device the policy lives on: no GPU -> CPU -> GPU trip
+        self.weight_group.broadcast_(list(engine_weights(self.model, self.cfg.generation_dtype, self.device).values()))
 
     def save_checkpoint(self, step: int, order: DataOrder, monitor: dict) -> str:
         return str(ckpt.save_checkpoint(self.run_dir, step, self.model, self.tokenizer,
@@ -184,11 +200,52 @@ class Learner:
 
     def close(self) -> None:
         if self.parallel is not None:
-            torch.distributed.destroy_process_group()
+            self.parallel.close()
 
 
 # ----------------------------------------------------------------------------------------------------
 # Starting the roles and waiting for them.
+
+_TOKEN = ".rlvr-driver"
+
+
+def write_run_token(run_dir: Path) -> str:
+    """A fresh random token in the run directory, which every learner must read back (check_shared_run_dir)."""
+    token = os.urandom(8).hex()
+    (run_dir / _TOKEN).write_text(token)
+    return token
+
+
+def check_shared_run_dir(run_dir: Path, token: str, who: str) -> None:
+    """Learner 0 writes checkpoints and the final model into `out` and the driver reads them back, and every
+    learner resumes from the `latest` checkpoint there: on a cluster without a shared `out`, each node would
+    see its own disk. Stop before loading anything when this process does not see the driver's token."""
+    if not token:
+        return
+    try:
+        seen = (run_dir / _TOKEN).read_text()
+    except OSError:
+        seen = None
+    if seen != token:
+        import ray
+
+        raise RuntimeError(f"{who} on node {ray.util.get_node_ip_address()} does not see the run directory the driver "
+                           f"wrote ({run_dir}/{_TOKEN} is {'missing' if seen is None else 'from another run'}):"
+                           " `out` must be on a filesystem every node shares")
+
+
+def absolute_paths(cfg: TrainConfig) -> TrainConfig:
+    """`out`, and `model` / `teacher` / a file estimator when they name local paths, made absolute on the driver:
+    Ray actors do not start in the driver's directory."""
+    update = {"out": str(Path(cfg.out).resolve())}
+    for field in ("model", "teacher"):
+        value = getattr(cfg, field, None)
+        if value and Path(value).exists():
+            update[field] = str(Path(value).resolve())
+    path, sep, attr = cfg.algorithm.rpartition(":")
+    if sep and path.endswith(".py") and Path(path).exists():
+        update["algorithm"] = f"{Path(path).resolve()}:{attr}"
+    return cfg.model_copy(update=update)
 
 
 def start_ray(cfg: TrainConfig) -> bool:
@@ -257,9 +314,9 @@ class Roles:
         return (f"last checkpoint {last}: continue with resume=true" if last is not None else
                 "no checkpoint yet (save_every): resume=true starts from the beginning")
 
-    def setup_learners(self) -> dict | None:
+    def setup_learners(self, run_token: str = "") -> dict | None:
         addr, port = self.wait([self.learners[0].rendezvous.remote()], self.learners[:1], "choosing a port")[0]
-        states = self.wait([a.setup.remote(addr, port) for a in self.learners], self.learners,
+        states = self.wait([a.setup.remote(addr, port, run_token) for a in self.learners], self.learners,
                            "joining the process group and loading the policy")
         self.wait([w.__ray_ready__.remote() for w in self.workers], self.workers, "loading the model")
         if self.cfg.distributed.weight_sync == "broadcast":
@@ -280,8 +337,8 @@ class Roles:
         weights = self.learners[0].weights.remote()
         self.pending_sync = [w.set_weights.remote(weights, version) for w in self.workers]
 
-    def train(self, batch, step: int, tis_cap: float | None) -> dict:
-        refs = [a.train.remote(batch, step, tis_cap) for a in self.learners]
+    def train(self, batch, step: int) -> dict:
+        refs = [a.train.remote(batch, step) for a in self.learners]
         return self.wait(refs, self.learners, f"training step {step}")[0]  # every rank reports the same
 
     def validate(self, examples: list, step: int) -> dict:
@@ -314,21 +371,6 @@ class _InFlight:
     ref: object
 
 
-def behaviour_log_probs(rollouts: Rollouts, labels: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """The engine's sampling-time log-probs placed at the batch's response positions; NaN (meaning "use the
-    live policy's") where the re-tokenised response differs from the sampled tokens. Returns (N, T), rows unknown."""
-    out = torch.full(labels.shape, float("nan"))
-    unknown = 0
-    for j, c in enumerate(rollouts.completions):
-        positions = response_mask[j].nonzero().squeeze(-1)
-        ids = labels[j, positions].tolist()
-        if c.logprobs is not None and list(c.token_ids[: len(ids)]) == ids:
-            out[j, positions] = torch.tensor(c.logprobs[: len(ids)], dtype=torch.float32)
-        elif ids:
-            unknown += 1
-    return out, unknown
-
-
 def train_distributed(cfg: TrainConfig) -> dict:
     """`rlvr train` with distributed.rollout_workers >= 1 or distributed.learners >= 2 (see the module doc)."""
     import ray
@@ -339,7 +381,9 @@ def train_distributed(cfg: TrainConfig) -> dict:
     if cfg.distributed.rollout_workers < 1:
         raise ValueError("distributed.learners > 1 needs distributed.rollout_workers >= 1 (the learners do not "
                          "generate)")
+    cfg = absolute_paths(cfg)
     run_dir = start_run(cfg)
+    run_token = write_run_token(run_dir)
     ckpt.seed_everything(cfg.seed)
     prompt, spec = get_prompt(cfg.prompt), cfg.estimator
     train = load_split(cfg, "train", cfg.train_limit)
@@ -349,7 +393,7 @@ def train_distributed(cfg: TrainConfig) -> dict:
     started = start_ray(cfg)
     roles = Roles(cfg)
     try:
-        state = roles.setup_learners()
+        state = roles.setup_learners(run_token)
         monitor = RunMonitor(cfg.max_new_tokens)
         order = DataOrder(len(train), f"grpo-{cfg.seed}")
         step = 0
@@ -406,7 +450,7 @@ class _SyncLoop:
             rollouts = self.generate(questions, prompts, step)
         with _timed(times, "score"):
             scored = score_rollouts(rollouts, self.reward_fn, self.spec, self.cfg, self.tokenizer)
-        result = self.train_and_sync(scored, step, times, tis_cap=None)
+        result = self.train_and_sync(scored, step, times)
         self.idle += times["generate"] + times["score"]
         self.busy += times["train"] + times["sync_weights"]
         return rollouts, scored, result, times, {"async/staleness": 0, **self.idle_fraction()}
@@ -424,11 +468,11 @@ class _SyncLoop:
             completions.extend(part)
         return Rollouts(questions, prompts, completions)
 
-    def train_and_sync(self, scored, step: int, times: dict, tis_cap: float | None, wait: bool = True) -> dict:
+    def train_and_sync(self, scored, step: int, times: dict, wait: bool = True) -> dict:
         """Train step `step`, then send its weights (version `step`) to every worker. `wait=False` (async): the
         batches in flight keep the weights they started with; the submissions queued behind this get the new."""
         with _timed(times, "train"):
-            result = self.roles.train(scored.batch, step, tis_cap)
+            result = self.roles.train(scored.batch, step)
         with _timed(times, "sync_weights"):
             self.roles.push_weights(step)
             if wait:
@@ -459,7 +503,7 @@ class _AsyncLoop(_SyncLoop):
             questions, prompts = next_questions(self.train, self.order, self.prompt, self.tokenizer, self.cfg)
             load = collections.Counter(f.worker for f in self.in_flight)
             worker = min(self.roles.workers, key=lambda w: load[w])
-            sampling = rollout_sampling(self.cfg, self.prompt, self.submitted, logprobs=True)
+            sampling = rollout_sampling(self.cfg, self.prompt, self.submitted)
             self.in_flight.append(_InFlight(self.submitted, questions, prompts, worker, self.step_count,
                                             worker.generate.remote(prompts, sampling)))
 
@@ -499,14 +543,12 @@ class _AsyncLoop(_SyncLoop):
         rollouts = Rollouts(batch.questions, batch.prompts, completions)
         with _timed(times, "score"):
             scored = score_rollouts(rollouts, self.reward_fn, self.spec, self.cfg, self.tokenizer)
-            behaviour, unknown = behaviour_log_probs(rollouts, scored.batch.labels, scored.batch.response_mask)
-            scored.batch.old_log_probs = behaviour
         busy = time.perf_counter()
-        result = self.train_and_sync(scored, step, times, tis_cap=self.cfg.async_.tis_cap, wait=False)
+        result = self.train_and_sync(scored, step, times, wait=False)
         self.step_count = step
         self.busy += time.perf_counter() - busy
         extra = {"async/staleness": staleness, "async/dropped_batches": self.dropped,
-                 "async/behaviour_unknown_rows": unknown, "async/in_flight": len(self.in_flight),
+                 "async/behaviour_unknown_rows": scored.unknown_rows, "async/in_flight": len(self.in_flight),
                  **self.idle_fraction(),
                  **{f"async/staleness_{k}": self.histogram[k] for k in range(self.max_staleness + 1)}}
         return rollouts, scored, result, times, extra

@@ -56,6 +56,8 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
                 key, value = body, "true"  # a bare flag
         elif "=" in arg:
             key, value = arg.split("=", 1)
+        elif arg.endswith((".yaml", ".yml")):
+            raise ConfigError(f"{arg!r} is not an override; to read a config file use --config {arg}")
         else:
             raise ConfigError(f"cannot read override {arg!r}: expected key=value or --key value")
         key = key.strip().replace("-", "_")
@@ -65,20 +67,52 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
             out[key] = yaml.safe_load(value) if value != "" else ""
         except yaml.YAMLError:
             out[key] = value
-        if isinstance(out[key], str) and out[key].lower() in ("none", "null"):
-            out[key] = None
+        if isinstance(out[key], str) and out[key].lower() == "null":
+            out[key] = None  # ("none" is resolved per field by load_config: for some fields it is a choice)
         i += 1
     return out
 
 
+# Fields for which "none" is one of the choices, not "unset" (their None means: the algorithm's value)
+NONE_IS_A_CHOICE = ("baseline", "advantage_normalizer", "importance_reweighting_method")
+
+
+def _none_means(cls: type[BaseConfig], extra: dict[str, Any]) -> dict[str, Any]:
+    """`key=none` on the command line: the string "none" where it is one of the field's choices (a Literal with
+    "none", `baseline=none`, ...), else None (unset: `teacher=none`, `baseline_dataset=none`)."""
+    from typing import get_args, get_origin
+
+    def takes_none(field) -> bool:
+        kinds = [field.annotation, *get_args(field.annotation)]
+        return any(get_origin(k) is Literal and "none" in get_args(k) for k in kinds)
+
+    out: dict[str, Any] = {}
+    for key, value in extra.items():
+        field = cls.model_fields.get(key) or next((f for f in cls.model_fields.values() if f.alias == key), None)
+        if isinstance(value, dict) and field is not None and isinstance(field.annotation, type) \
+                and issubclass(field.annotation, BaseConfig):
+            out[key] = _none_means(field.annotation, value)
+        elif isinstance(value, str) and value.lower() == "none":
+            out[key] = "none" if field is not None and (key in NONE_IS_A_CHOICE or takes_none(field)) else None
+        else:
+            out[key] = value
+    return out
+
+
 def _describe(error: ValidationError, source: str) -> str:
+    """One line per problem in rlvr's words: the source, the field (dotted, as it is typed) and what is wrong;
+    the value given when it is short (never a whole section dumped), no pydantic wording."""
     lines = []
     for item in error.errors():
-        field = ".".join(str(p) for p in item["loc"]) or "(config)"
+        field = ".".join(str(p) for p in item["loc"])
+        message = item["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
         if item["type"] == "extra_forbidden":
-            lines.append(f"{source}: unknown field {field!r}")
-        else:
-            lines.append(f"{source}: field {field!r}: {item['msg']} (got {item.get('input')!r})")
+            lines.append(f"{source}: {unknown_field(field.rsplit('.', 1)[-1], [])}" if "." not in field
+                         else f"{source}: {field!r} is not a field of its section")
+            continue
+        value = item.get("input")
+        shown = "" if isinstance(value, (dict, list)) or len(repr(value)) > 60 or field == "" else f" (got {value!r})"
+        lines.append(f"{source}: {f'field {field!r}: ' if field else ''}{message}{shown}")
     return "\n".join(lines)
 
 
@@ -103,23 +137,104 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: list[st
         data = dict(loaded or {})
         source = str(path)
     extra = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
-    extra = _nest(cls, extra)
+    extra = _none_means(cls, _nest(cls, extra))
     names = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
     unknown = sorted(set(data) - names) + sorted(set(extra) - names)
     if unknown:
         where = source if set(unknown) & set(data) else "command line"
-        raise ConfigError(
-            f"{where}: unknown field(s) {', '.join(map(repr, unknown))}; valid fields: {', '.join(cls.model_fields)}"
-        )
+        raise ConfigError(f"{where}: " + "; ".join(unknown_field(name, _public_names(cls)) for name in unknown)
+                          + f" (`rlvr <command> --help` lists the fields)")
     for key, value in extra.items():  # `distributed.learners=2` changes one field of the section
         if isinstance(value, dict) and isinstance(data.get(key), dict):
             data[key] = {**data[key], **value}
         else:
             data[key] = value
+    if data.get("resume") is True and "resume" in cls.model_fields and "out" in cls.model_fields:
+        data = _resumed(cls, data, extra, source)
     try:
         return cls.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_describe(err, source if not extra else f"{source} + overrides")) from None
+        raise ConfigError(_describe(err, source if not extra or path is None else f"{source} + overrides")) from None
+
+
+# Fields a resumed run may change: none of them can change what the run computes.
+RESUME_FREE = ("resume", "out", "tensorboard", "wandb_project", "log_rollouts_every", "save_every", "keep_checkpoints",
+               "distributed.timeout_s")
+
+
+def _flat(data: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _same_setting(a, b) -> bool:
+    """Equal values, or two spellings of one existing path (the distributed driver saves paths absolute)."""
+    if a == b:
+        return True
+    if isinstance(a, str) and isinstance(b, str):
+        head_a, sep_a, attr_a = a.rpartition(":")  # path.py:SPEC estimators
+        head_b, sep_b, attr_b = b.rpartition(":")
+        if sep_a and sep_b and attr_a == attr_b and head_a.endswith(".py"):
+            a, b = head_a, head_b
+        try:
+            return Path(a).exists() and Path(a).resolve() == Path(b).resolve()
+        except OSError:
+            return False
+    return False
+
+
+def _resumed(cls: type[C], data: dict, extra: dict, source: str) -> dict:
+    """resume=true continues the run in `out` with the settings it was started with (its config.yaml): the
+    fields given now are checked against them, and one that would change the run is refused, naming its saved
+    and its new value. `steps` may be raised (to extend a run); RESUME_FREE may differ."""
+    run_dir = Path(str(data.get("out", cls.model_fields["out"].default)))
+    saved_path = run_dir / "config.yaml"
+    if not saved_path.is_file():
+        return data  # nothing saved yet: a fresh start (rlvr.loop_common.start_run decides)
+    try:
+        saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
+        before = cls.model_validate(saved)
+    except (yaml.YAMLError, ValidationError) as err:
+        raise ConfigError(f"{saved_path}: the run's saved settings do not load ({str(err).splitlines()[0]}); "
+                          "resume cannot check what this run was") from None
+    merged = dict(saved)
+    for key, value in data.items():
+        merged[key] = {**merged[key], **value} if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+    try:
+        after = cls.model_validate(merged)
+    except ValidationError as err:
+        raise ConfigError(_describe(err, f"{source} + {saved_path}")) from None
+    old, new = _flat(before.model_dump(mode="json", by_alias=True)), _flat(after.model_dump(mode="json", by_alias=True))
+    changed = [f"{key}: saved {old.get(key)!r}, now {new.get(key)!r}" for key in old
+               if not _same_setting(old.get(key), new.get(key)) and key not in RESUME_FREE
+               and not (key == "steps" and new[key] > old[key])]
+    if changed:
+        raise ConfigError(f"resume=true continues {run_dir} with the settings it was started with ({saved_path}); "
+                          f"{'this differs' if len(changed) == 1 else 'these differ'}: " + "; ".join(changed)
+                          + ". Drop the override to continue that run (steps may only be raised), or choose another "
+                          "out= for a new run")
+    if new.get("steps", 0) > old.get("steps", 0) and (run_dir / "final" / "DONE").is_file():
+        raise ConfigError(f"steps={new['steps']}: {run_dir} holds a finished run of {old['steps']} steps, whose "
+                          f"optimizer state was not kept; train on from its model with model={run_dir / 'final'} "
+                          "and another out=")
+    return merged
+
+
+def _public_names(cls: type[BaseConfig]) -> list[str]:
+    return [f.alias or n for n, f in cls.model_fields.items()]
+
+
+def unknown_field(name: str, names: list[str]) -> str:
+    """"unknown field 'learnin_rate'; did you mean 'learning_rate'?" (difflib's closest, when one is close)."""
+    import difflib
+
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    return f"unknown field {name!r}" + (f"; did you mean {close[0]!r}?" if close else "")
 
 
 def _nest(cls: type[BaseConfig], extra: dict[str, Any]) -> dict[str, Any]:
@@ -137,6 +252,8 @@ def _nest(cls: type[BaseConfig], extra: dict[str, Any]) -> dict[str, Any]:
                               + ", ".join(f.alias or n for n, f in cls.model_fields.items()
                                           if isinstance(f.annotation, type) and issubclass(f.annotation, BaseConfig))
                               + ")")
+        if rest.partition(".")[0] not in section.model_fields:
+            raise ConfigError("command line: " + unknown_field(key, [f"{head}.{n}" for n in section.model_fields]))
         out.setdefault(head, {})[rest] = value
     return out
 
@@ -150,7 +267,7 @@ def fields_help(cls: type[BaseConfig]) -> str:
             lines += [f"{field.alias or name}.{line}" for line in fields_help(section).split("\n\n")]
             continue
         default = field.default if field.default is not None else "None"
-        lines.append(f"{name}={default!s}  {field.description or ''}".rstrip())
+        lines.append(f"{field.alias or name}={default!s}  {field.description or ''}".rstrip())
     return "\n\n".join(lines)
 
 
@@ -158,6 +275,8 @@ def fields_help(cls: type[BaseConfig]) -> str:
 # Shared pieces.
 
 Dtype = Literal["float32", "bfloat16", "float16"]
+# rlvr.estimators.RolloutCorrection, spelled again here so that configs import no torch (a test keeps them equal)
+RolloutCorrectionMode = Literal["none", "token_tis", "sequence_tis", "token_mask", "sequence_mask"]
 DEVICE_HELP = "auto (cuda:0 when there is a GPU, else cpu) | cpu | cuda | cuda:N"
 
 
@@ -387,6 +506,22 @@ class SFTConfig(TrainingFields):
         return self
 
 
+def choose_backend(requested: str, kinds: list[str], what: str) -> str:
+    """The one torch.distributed backend of a group whose ranks run on `kinds` ("cpu" / "cuda"), decided once
+    for all of them: NCCL when every rank is on a GPU, gloo when every rank is on the CPU. Ranks on both are
+    refused (NCCL carries no CPU tensors; a gloo rank beside NCCL ones hangs), as is NCCL with a CPU rank."""
+    found = sorted(set(kinds))
+    if len(found) > 1:
+        raise ValueError(f"{what}: its ranks would be on the CPU and on GPUs; one process group needs every rank "
+                         "on the same kind of device (give every role GPUs, or none"
+                         + (", or use distributed.weight_sync=object_store)" if "broadcast" in what else ")"))
+    if requested == "auto":
+        return "nccl" if found == ["cuda"] else "gloo"
+    if requested == "nccl" and found != ["cuda"]:
+        raise ValueError(f"{what}: distributed.backend=nccl needs every rank on a GPU; these are on the CPU")
+    return requested
+
+
 class DistributedConfig(BaseConfig):
     """`rlvr train distributed.*`: Ray roles (rlvr.cluster). rollout_workers=0 and learners=1 is the local loop."""
 
@@ -398,8 +533,8 @@ class DistributedConfig(BaseConfig):
     rollout_num_gpus: float = Field(0.0, ge=0)
     learner_num_cpus: float = Field(1.0, ge=0)
     learner_num_gpus: float = Field(0.0, ge=0)
-    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="learners' process group (auto: NCCL "
-                                                     "with GPUs, else gloo)")
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="the learners' and the weight-broadcast "
+                                                     "groups (auto: NCCL when every rank has a GPU, gloo when none has)")
     timeout_s: float = Field(1800.0, gt=0, description="longest wait for any role before the run stops with an "
                              "error naming it")
     weight_sync: Literal["object_store", "broadcast"] = Field(
@@ -410,15 +545,78 @@ class DistributedConfig(BaseConfig):
     def enabled(self) -> bool:
         return self.rollout_workers > 0 or self.learners > 1
 
+    @property
+    def learner_device(self) -> str:
+        """Where each learner actor runs: on the GPU Ray gave it, and on the CPU when it asked for none (Ray >=
+        2.60 no longer hides the GPUs from such an actor, so `device=auto` alone would put it on cuda:0)."""
+        return "cuda" if self.learner_num_gpus > 0 else "cpu"
+
+    @property
+    def rollout_device(self) -> str:
+        return "cuda" if self.rollout_num_gpus > 0 else "cpu"
+
+    @property
+    def learner_backend(self) -> str:
+        return choose_backend(self.backend, [self.learner_device] * self.learners,
+                              f"distributed.learners={self.learners} with distributed.learner_num_gpus="
+                              f"{self.learner_num_gpus:g}")
+
+    @property
+    def weight_backend(self) -> str:
+        return choose_backend(self.backend, [self.learner_device] + [self.rollout_device] * self.rollout_workers,
+                              f"distributed.weight_sync=broadcast with distributed.learner_num_gpus="
+                              f"{self.learner_num_gpus:g} and distributed.rollout_num_gpus={self.rollout_num_gpus:g}")
+
+    @model_validator(mode="after")
+    def _check_groups(self):
+        if self.learners > 1:
+            backend = self.learner_backend
+            if backend == "nccl" and self.learner_num_gpus < 1:
+                raise ValueError(f"distributed.learner_num_gpus={self.learner_num_gpus:g} lets two learner ranks share "
+                                 "a GPU, which NCCL refuses (\"Duplicate GPU\"): give each learner a whole GPU")
+        if self.weight_sync == "broadcast" and self.rollout_workers:
+            backend = self.weight_backend
+            if backend == "nccl" and self.rollout_num_gpus < 1:
+                raise ValueError(f"distributed.rollout_num_gpus={self.rollout_num_gpus:g} with weight_sync=broadcast "
+                                 "lets ranks of the NCCL weight group share a GPU, which NCCL refuses: give each "
+                                 "worker a whole GPU, or use weight_sync=object_store")
+        return self
+
 
 class AsyncConfig(BaseConfig):
     """`rlvr train async.*`: rollouts overlap training, at most `max_staleness` policy versions old."""
 
     max_staleness: int | None = Field(None, ge=0, description="None: synchronous; K: train a batch only if its "
-                                      "rollouts are at most K optimizer steps old (older ones are dropped); 0 is "
-                                      "synchronous")
-    tis_cap: float = Field(2.0, gt=0, description="truncated importance sampling: each token's loss is weighted "
-                           "by min(pi / pi_behaviour, tis_cap) (sampling-time log-probs)")
+                                      "rollouts are at most K policy versions old, one version per rollout batch trained (with "
+                                      "steps_per_rollout=S that is up to K x S optimizer steps; older ones are "
+                                      "dropped); 0 is synchronous")
+    tis_cap: float | None = Field(None, gt=0, description="deprecated: rollout_correction.cap (the correction "
+                                  "now applies in every mode)")
+
+
+class RolloutCorrectionConfig(BaseConfig):
+    """`rlvr train rollout_correction.*`: the engine samples with its own numerics (a bf16 copy; in async mode,
+    older weights), so its sampling log-probs mu differ from the trainer's pi_old. Every step logs the mismatch
+    (train/mismatch_*) and weights each token's loss by rlvr.estimators.rollout_correction_weights."""
+
+    mode: RolloutCorrectionMode = Field("token_tis", description="none | token_tis | sequence_tis | token_mask | "
+                                        "sequence_mask: truncated IS min(rho, cap) or masked IS (rho outside the band "
+                                        "-> 0), per token or per sequence, rho = pi_old / mu")
+    cap: float = Field(2.0, ge=1, description="the truncation of the *_tis modes")
+    band: tuple[float, float] = Field((0.5, 2.0), description="[low, high] of the *_mask modes, and the band whose "
+                                      "leaving train/mismatch_outside_band_fraction counts")
+
+    @model_validator(mode="after")
+    def _check_band(self):
+        low, high = self.band
+        if not 0 < low <= 1 <= high:
+            raise ValueError(f"rollout_correction.band={list(self.band)} must satisfy 0 < low <= 1 <= high")
+        return self
+
+    def spec(self):
+        from rlvr.update import RolloutCorrection
+
+        return RolloutCorrection(self.mode, self.cap, tuple(self.band))
 
 
 class TrainConfig(TrainingFields):
@@ -478,6 +676,7 @@ class TrainConfig(TrainingFields):
                                                    "are dropped")
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 
@@ -506,6 +705,18 @@ class TrainConfig(TrainingFields):
         if self.distill and not self.teacher:
             raise ValueError(f"algorithm={self.algorithm} distills from a teacher (distill={self.distill}): set "
                              "teacher=<model path or name>")
+        if self.async_.tis_cap is not None:
+            if self.async_.tis_cap < 1:
+                raise ValueError(f"async.tis_cap={self.async_.tis_cap:g} is below 1; the cap is now "
+                                 "rollout_correction.cap (>= 1)")
+            if "cap" in self.rollout_correction.model_fields_set and self.rollout_correction.cap != self.async_.tis_cap:
+                raise ValueError(f"async.tis_cap={self.async_.tis_cap:g} and rollout_correction.cap="
+                                 f"{self.rollout_correction.cap:g} disagree; async.tis_cap is deprecated: keep only "
+                                 "rollout_correction.cap")
+            warnings.warn("async.tis_cap is deprecated: it is rollout_correction.cap, which applies in every mode",
+                          DeprecationWarning, stacklevel=2)
+            object.__setattr__(self.rollout_correction, "cap", self.async_.tis_cap)
+            object.__setattr__(self.async_, "tis_cap", None)
         if self.async_.max_staleness and not self.distributed.rollout_workers:
             raise ValueError(f"async.max_staleness={self.async_.max_staleness} overlaps rollouts with training: "
                              "it needs distributed.rollout_workers >= 1")
@@ -523,6 +734,11 @@ class TrainConfig(TrainingFields):
         if self.distributed.enabled and self.placement != PlacementConfig():
             raise ValueError("placement.* splits roles over the devices of one process; with distributed.* Ray "
                              "places the roles (distributed.rollout_num_gpus, learner_num_gpus): remove placement.*")
+        d = self.distributed
+        if d.enabled and self.device == "cpu" and (d.learner_num_gpus or d.rollout_num_gpus):
+            raise ValueError(f"device=cpu with distributed.learner_num_gpus={d.learner_num_gpus:g}, rollout_num_gpus="
+                             f"{d.rollout_num_gpus:g}: the actors would hold GPUs they do not use; set the *_num_gpus "
+                             "to 0, or device=auto")
         if self.distributed.enabled and self.distill:
             raise ValueError("on-policy distillation (distill > 0) runs in the local loop only; set "
                              "distributed.rollout_workers=0 distributed.learners=1")

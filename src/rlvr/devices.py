@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import logging
 import math
+import os
 import re
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,30 @@ def resolve(name: str, field: str = "device", default: str = "auto"):
                          f"CUDA available: {torch.cuda.is_available()}); use {field}=cpu or auto")
     if index >= count:
         raise ValueError(f"{field}={name!r}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}")
+    return torch.device("cuda", index)
+
+
+def actor_device(name: str, num_gpus: float, gpu_ids: list, field: str):
+    """The torch.device of a Ray actor that asked for `num_gpus` and was given `gpu_ids` (ray.get_gpu_ids()).
+    No GPUs asked for: the CPU, whatever `name` says (Ray >= 2.60 leaves every GPU visible to such an actor).
+    GPUs asked for: one of exactly those Ray gave, which Ray makes torch's cuda:0.. through
+    CUDA_VISIBLE_DEVICES; anything else is an error naming `field`, not a silent second tenant on a GPU."""
+    import torch
+
+    if num_gpus <= 0:
+        return torch.device("cpu")
+    if not gpu_ids:
+        raise RuntimeError(f"{field}={num_gpus:g}: Ray gave this actor no GPU (ray.get_gpu_ids() is empty)")
+    count = cuda_count()
+    if count != len(gpu_ids):
+        raise RuntimeError(f"{field}={num_gpus:g}: Ray gave this actor GPU(s) {list(gpu_ids)}, but torch sees {count} "
+                           f"CUDA device(s) (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
+                           "something reset CUDA_VISIBLE_DEVICES")
+    name = check_name(name or "auto", "device")
+    index = 0 if name in ("auto", "cuda") else int(name.partition(":")[2] or 0)
+    if name == "cpu" or index >= count:
+        raise RuntimeError(f"device={name!r} with {field}={num_gpus:g}: this actor has GPU(s) {list(gpu_ids)} as "
+                           f"cuda:0..cuda:{count - 1}; use device=auto")
     return torch.device("cuda", index)
 
 

@@ -25,9 +25,9 @@ from rlvr.config import DPOConfig
 from rlvr.data import DataError, DataOrder, Example, jsonl_rows, load_split
 from rlvr.estimators import dpo_loss
 from rlvr.devices import input_device
-from rlvr.loop_common import (build_engines, build_optimizer, fmt_metrics, load_frozen, load_policy, native_precision,
-                              open_logger, placement, restore, start_run, trainer_state, validate)
-from rlvr.policy import autocast, get_response_log_probs, tokenize_prompt_and_output
+from rlvr.loop_common import (StopRequests, build_engines, build_optimizer, fmt_metrics, load_frozen, load_policy,
+                              native_precision, open_logger, placement, restore, start_run, trainer_state, validate)
+from rlvr.policy import autocast, get_response_log_probs, tokenize_prompt_and_ids
 from rlvr.prompts import PromptTemplate, get_prompt
 from rlvr.rewards import get_reward_fn, rewards_and_metadata, score_batch
 from rlvr.rollout import SamplingParams
@@ -43,6 +43,14 @@ class Pair:
     chosen: str
     rejected: str
     id: str = ""
+    # sampled pairs (online DPO) carry the ids the engine sampled, and those are trained; pairs from a file
+    # have text only, which is tokenised
+    chosen_ids: tuple[int, ...] | None = None
+    rejected_ids: tuple[int, ...] | None = None
+
+    def response(self, side: str) -> str | tuple[int, ...]:
+        ids = self.chosen_ids if side == "chosen" else self.rejected_ids
+        return ids if ids is not None else getattr(self, side)
 
 
 def load_pairs(path: str | Path) -> list[Pair]:
@@ -68,16 +76,16 @@ def rollout_pairs(engine, questions: list[Example], prompt: PromptTemplate, rewa
     truths = [questions[c.prompt_index].answer for c in completions]
     scores, grading = score_batch(reward_fn, [c.text for c in completions], truths)
     _, meta = rewards_and_metadata(scores, grading)
-    right: dict[int, list[str]] = {}
-    wrong: dict[int, list[str]] = {}
+    right: dict[int, dict[str, tuple[int, ...]]] = {}
+    wrong: dict[int, dict[str, tuple[int, ...]]] = {}
     for c, s in zip(completions, scores):
-        bucket = right if s["answer_reward"] > 0 else wrong
-        if c.text not in bucket.setdefault(c.prompt_index, []):  # the same text twice is no extra evidence
-            bucket[c.prompt_index].append(c.text)
+        bucket = (right if s["answer_reward"] > 0 else wrong).setdefault(c.prompt_index, {})
+        bucket.setdefault(c.text, tuple(c.token_ids))  # the same text twice is no extra evidence
     pairs = []
     for i, q in enumerate(questions):
-        for chosen, rejected in list(zip(right.get(i, []), wrong.get(i, [])))[: cfg.pairs_per_question]:
-            pairs.append(Pair(q.question, chosen, rejected, id=q.id))
+        for (chosen, c_ids), (rejected, r_ids) in list(zip(right.get(i, {}).items(),
+                                                            wrong.get(i, {}).items()))[: cfg.pairs_per_question]:
+            pairs.append(Pair(q.question, chosen, rejected, id=q.id, chosen_ids=c_ids, rejected_ids=r_ids))
     metrics = {"train/reward": meta["reward_mean"], "train/answer_reward": meta["answer_reward_mean"],
                "train/format_reward": meta["format_reward_mean"], "train/pairs": len(pairs),
                "train/questions_with_pair": len({p.id for p in pairs}) / len(questions),
@@ -85,9 +93,11 @@ def rollout_pairs(engine, questions: list[Example], prompt: PromptTemplate, rewa
     return pairs, metrics
 
 
-def _sequence_log_probs(model, prompts: list[str], responses: list[str], tokenizer, cfg: DPOConfig):
-    """Summed log-prob of each response given its prompt, (P,), with gradient when enabled."""
-    tok = tokenize_prompt_and_output(prompts, responses, tokenizer)
+def _sequence_log_probs(model, prompts: list[str], responses: list, tokenizer, cfg: DPOConfig):
+    """Summed log-prob of each response (text, or the token ids it was sampled as) given its prompt, (P,),
+    with gradient when enabled."""
+    ids = [tokenizer(r, add_special_tokens=False)["input_ids"] if isinstance(r, str) else r for r in responses]
+    tok = tokenize_prompt_and_ids(prompts, ids, tokenizer)
     with autocast(cfg.precision, model):
         out = get_response_log_probs(model, tok["input_ids"], tok["labels"], positions=tok["response_mask"],
                                      share_prefix=cfg.share_prefix)
@@ -105,8 +115,8 @@ def _reference_log_probs(reference, model, pairs: list[Pair], prompt, tokenizer,
     with torch.no_grad(), base:
         for m in range(0, len(pairs), cfg.microbatch_size):
             sl = slice(m, m + cfg.microbatch_size)
-            chosen.append(_sequence_log_probs(scorer, prompts[sl], [p.chosen for p in pairs[sl]], tokenizer, cfg))
-            rejected.append(_sequence_log_probs(scorer, prompts[sl], [p.rejected for p in pairs[sl]], tokenizer, cfg))
+            chosen.append(_sequence_log_probs(scorer, prompts[sl], [p.response("chosen") for p in pairs[sl]], tokenizer, cfg))
+            rejected.append(_sequence_log_probs(scorer, prompts[sl], [p.response("rejected") for p in pairs[sl]], tokenizer, cfg))
     return torch.cat(chosen), torch.cat(rejected)
 
 
@@ -121,8 +131,8 @@ def dpo_update(model, optimizer, reference, pairs: list[Pair], prompt, tokenizer
     for m in range(0, len(pairs), per_mb):
         mb = pairs[m : m + per_mb]
         prompts = [prompt.format(p.question, tokenizer) for p in mb]
-        logps = _sequence_log_probs(model, prompts + prompts, [p.chosen for p in mb] + [p.rejected for p in mb],
-                                    tokenizer, cfg)
+        responses = [p.response("chosen") for p in mb] + [p.response("rejected") for p in mb]
+        logps = _sequence_log_probs(model, prompts + prompts, responses, tokenizer, cfg)
         chosen, rejected = logps[: len(mb)], logps[len(mb):]
         ref = [r[m : m + len(mb)].to(logps.device) for r in (ref_chosen, ref_rejected)]  # the reference's device
         loss, meta = dpo_loss(chosen, rejected, *ref, cfg.beta)
@@ -173,37 +183,40 @@ def train_dpo(cfg: DPOConfig) -> dict:
 
     bar = tqdm(total=cfg.steps, initial=step, desc="dpo", unit="step")
     metrics: dict = {}
-    while step < cfg.steps:
-        step += 1
-        started = time.perf_counter()
-        if from_rollouts:
-            engine.sync_weights(model)
-            questions = [source[i] for i in order.take(cfg.questions_per_step)]
-            pairs, metrics = rollout_pairs(engine, questions, prompt, reward_fn, cfg, step, tokenizer)
-        else:
-            pairs, metrics = [source[i] for i in order.take(cfg.batch_size)], {}
-        generated = time.perf_counter() - started
-        lr = scheduler.get_last_lr()[0]
-        if pairs:
-            metrics.update(dpo_update(model, optimizer, reference, pairs, prompt, tokenizer, cfg))
-        else:  # no question had both a right and a wrong answer: nothing to prefer, no step taken
-            log.info("step %d: no preference pair in this batch", step)
-        scheduler.step()
-        metrics.update({"train/lr": lr, "train/epoch": order.epochs_done, "time/generate": generated,
-                        "time/step_seconds": time.perf_counter() - started})
-        if cfg.eval_every and step % cfg.eval_every == 0 or (step == cfg.steps and cfg.eval_at_end):
-            val_metrics, _ = validate(val_engine, model, val, prompt, tokenizer, cfg)
-            metrics.update(val_metrics)
-            log.info("step %d: %s", step, fmt_metrics(metrics))
-        logger.log(step, metrics)
-        if cfg.log_rollouts_every and (step % cfg.log_rollouts_every == 0 or step == 1):
-            logger.log_rows("pairs", step, [dataclasses.asdict(p) for p in pairs])
-        bar.update(1)
-        if "train/loss" in metrics:
-            bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", acc=f"{metrics['train/accuracy']:.2f}")
-        if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
-            ckpt.save_checkpoint(run_dir, step, model, tokenizer, trainer_state(optimizer, scheduler, order),
-                                 keep=cfg.keep_checkpoints)
+    with StopRequests() as stop:
+        while step < cfg.steps:
+            step += 1
+            started = time.perf_counter()
+            if from_rollouts:
+                engine.sync_weights(model)
+                questions = [source[i] for i in order.take(cfg.questions_per_step)]
+                pairs, metrics = rollout_pairs(engine, questions, prompt, reward_fn, cfg, step, tokenizer)
+            else:
+                pairs, metrics = [source[i] for i in order.take(cfg.batch_size)], {}
+            generated = time.perf_counter() - started
+            lr = scheduler.get_last_lr()[0]
+            if pairs:
+                metrics.update(dpo_update(model, optimizer, reference, pairs, prompt, tokenizer, cfg))
+            else:  # no question had both a right and a wrong answer: nothing to prefer, no step taken
+                log.info("step %d: no preference pair in this batch", step)
+            scheduler.step()
+            metrics.update({"train/lr": lr, "train/epoch": order.epochs_done, "time/generate": generated,
+                            "time/step_seconds": time.perf_counter() - started})
+            if cfg.eval_every and step % cfg.eval_every == 0 or (step == cfg.steps and cfg.eval_at_end):
+                val_metrics, _ = validate(val_engine, model, val, prompt, tokenizer, cfg)
+                metrics.update(val_metrics)
+                log.info("step %d: %s", step, fmt_metrics(metrics))
+            logger.log(step, metrics)
+            if cfg.log_rollouts_every and (step % cfg.log_rollouts_every == 0 or step == 1):
+                logger.log_rows("pairs", step, [dataclasses.asdict(p) for p in pairs])
+            bar.update(1)
+            if "train/loss" in metrics:
+                bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", acc=f"{metrics['train/accuracy']:.2f}")
+            # the periodic checkpoint; on Ctrl-C / SIGTERM this step saved and the run stopped with one line
+            stop.after_step(cfg, run_dir, step, "rlvr dpo", close=(bar.close, logger.close),
+                            save=lambda: ckpt.save_checkpoint(run_dir, step, model, tokenizer,
+                                                              trainer_state(optimizer, scheduler, order),
+                                                              keep=cfg.keep_checkpoints))
     bar.close()
     summary = {"steps": step, **{k: v for k, v in metrics.items() if k.startswith("val/")}}
     final = ckpt.save_final(run_dir, model, tokenizer, summary)

@@ -28,6 +28,7 @@ AdvantageNormalizer = Literal["std", "mean", "none"]
 ImportanceMethod = Literal["none", "noclip", "clip", "gspo", "cispo"]
 LossNormalization = Literal["sequence", "sum", "constant", "token"]
 KLEstimator = Literal["k1", "k2", "k3"]
+RolloutCorrection = Literal["none", "token_tis", "sequence_tis", "token_mask", "sequence_mask"]
 RewardSignal = Literal["reward", "correctness"]
 DistillKL = Literal["sampled", "reverse", "forward"]
 
@@ -38,6 +39,7 @@ LOSS_NORMALIZATIONS = get_args(LossNormalization)
 KL_ESTIMATORS = get_args(KLEstimator)
 REWARD_SIGNALS = get_args(RewardSignal)
 DISTILL_KLS = get_args(DistillKL)
+ROLLOUT_CORRECTIONS = get_args(RolloutCorrection)
 # Old names kept for one release: "grpo" is the PPO clip, which is what the name now says.
 DEPRECATED_IMPORTANCE_METHODS = {"grpo": "clip"}
 
@@ -435,6 +437,69 @@ def dpo_loss(policy_chosen_log_probs: torch.Tensor, policy_rejected_log_probs: t
     meta = {"rewards_chosen": chosen.detach().mean(), "rewards_rejected": rejected.detach().mean(),
             "margin": margin.detach().mean(), "accuracy": (margin.detach() > 0).float().mean()}
     return loss, meta
+
+
+def rollout_correction_weights(
+    old_log_probs: torch.Tensor,
+    rollout_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    mode: RolloutCorrection,
+    cap: float = 2.0,
+    band: tuple[float, float] = (0.5, 2.0),
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Weights (B, T), detached, for the gap between the sampler and the trainer's old policy.
+
+    The engine samples with its own numerics (a bf16 copy, other kernels) and, in asynchronous RL, from older
+    weights, so a rollout comes from mu, not from pi_old, the policy the importance weight w_t of eq. 48 and
+    the clip of eq. 57-60 are centred on (seed 004 assumes they are one policy). Per token, rho_t = pi_old(o_t) / mu(o_t) = exp(old - rollout); per sequence,
+    rho = prod_t rho_t over its response. The weight multiplies each token's policy-gradient loss:
+
+        token_tis       min(rho_t, cap)                  truncated importance sampling, per token
+        sequence_tis    min(rho, cap)                    the same on the sequence's ratio
+        token_mask      rho_t if low <= rho_t <= high else 0         masked IS (IcePop), per token
+        sequence_mask   rho   if low <= rho   <= high else 0         the same per sequence
+        none            1
+
+    A NaN in `rollout_log_probs` marks a token whose sampling log-prob is unknown: rho_t = 1 there.
+    Metadata, sums over the response tokens (tensors, so the caller decides when to synchronise): `tokens`,
+    `known_tokens`, `mismatch_k3` (the k3 estimate of KL(mu || pi_old) on samples of mu, rho_t - 1 - log rho_t),
+    `max_abs_log_ratio`, `outside_band` (tokens whose rho_t leaves the band), `weight_sum`, `weight_max`,
+    `capped` and `masked` (tokens whose weight the cap lowered or the band zeroed).
+    """
+    check_choice("mode", mode, ROLLOUT_CORRECTIONS)
+    low, high = band
+    if not (0 < low <= 1 <= high) or cap < 1:
+        raise ValueError(f"rollout correction needs 0 < low <= 1 <= high and cap >= 1; got band {band}, cap {cap}")
+    mask = response_mask.bool()
+    _check_shape("rollout_log_probs", rollout_log_probs, old_log_probs.shape, "old_log_probs")
+    _check_shape("response_mask", mask, old_log_probs.shape, "old_log_probs")
+    known = mask & ~torch.isnan(rollout_log_probs)
+    log_ratio = torch.where(known, old_log_probs.detach() - rollout_log_probs, torch.zeros_like(old_log_probs))
+    rho = torch.exp(log_ratio)
+    if mode.startswith("sequence"):
+        per_row = torch.exp(log_ratio.sum(dim=-1, keepdim=True))
+        rho_w = per_row.expand_as(rho)
+    else:
+        rho_w = rho
+    if mode.endswith("tis"):
+        weight = rho_w.clamp(max=cap)
+        capped, masked = rho_w > cap, torch.zeros_like(mask)
+    elif mode.endswith("mask"):
+        masked = (rho_w < low) | (rho_w > high)
+        weight = torch.where(masked, torch.zeros_like(rho_w), rho_w)
+        capped = torch.zeros_like(mask)
+    else:
+        weight, capped, masked = torch.ones_like(rho), torch.zeros_like(mask), torch.zeros_like(mask)
+    weight = weight.masked_fill(~mask, 0.0).detach()
+    k3 = (rho - 1 - log_ratio).masked_fill(~known, 0.0)
+    meta = {
+        "tokens": mask.sum(), "known_tokens": known.sum(), "mismatch_k3": k3.sum(),
+        "max_abs_log_ratio": log_ratio.abs().masked_fill(~known, 0.0).max() if known.any() else log_ratio.new_zeros(()),
+        "outside_band": (known & ((rho < low) | (rho > high))).sum(),
+        "weight_sum": weight[mask].sum(), "weight_max": weight[mask].max() if mask.any() else weight.new_zeros(()),
+        "capped": (capped & mask).sum(), "masked": (masked & mask).sum(),
+    }
+    return weight, meta
 
 
 def aggregate_loss_across_microbatch(

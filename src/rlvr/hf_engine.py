@@ -217,14 +217,15 @@ def _merged_tensors(policy):
 
 
 @torch.no_grad()
-def engine_weights(policy, dtype: str | None = None) -> dict[str, torch.Tensor]:
-    """The policy's weights as an engine takes them (plain names, LoRA merged), on the CPU, parameters in `dtype`
-    and buffers in their own, for a rollout engine in another process. Casting here rounds exactly as `copy_`
-    into the engine's copy would."""
+def engine_weights(policy, dtype: str | None = None, device="cpu") -> dict[str, torch.Tensor]:
+    """The policy's weights as an engine takes them (plain names, LoRA merged), on `device` (the CPU for Ray's
+    object store; the policy's own device for a torch.distributed broadcast), parameters in `dtype` and buffers
+    in their own, for a rollout engine in another process. Casting here rounds exactly as `copy_` into the
+    engine's copy would."""
     target = getattr(torch, dtype) if dtype else None
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
     buffers = {name for name, _ in base.named_buffers()}  # kept in their own dtype, as the engine's copy keeps them
-    return {name: value.detach().to(device="cpu", dtype=value.dtype if name in buffers else target or value.dtype)
+    return {name: value.detach().to(device=device, dtype=value.dtype if name in buffers else target or value.dtype)
             .contiguous() for name, value in _merged_tensors(policy)}
 
 

@@ -214,11 +214,30 @@ def start_run(cfg: TrainingFields) -> Path:
     if cfg.grades_code:  # a sandbox that cannot isolate programs stops the run here, before anything is written
         cfg.sandbox.apply()
     run_dir = Path(cfg.out)
+    blocked = next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise FileExistsError(f"out={cfg.out}: {blocked} is a file, not a directory; choose another out=")
+    from rlvr.models import resolve_model_path
+
+    resolve_model_path(cfg.model)  # a model that is not there stops the run before its directory is made
     if (run_dir / "metrics.jsonl").exists() and not cfg.resume and ckpt.finished_model(run_dir) is None:
         raise FileExistsError(f"{run_dir} already holds a run; pass resume=true to continue it or choose another out")
     run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.save(run_dir / "config.yaml")
+    saved = run_dir / "config.yaml"
+    # a resume keeps the record of the run it continues (load_config refused any other settings); only raised
+    # steps are written into it
+    if not (cfg.resume and saved.is_file()) or getattr(cfg, "steps", None) != _saved_steps(saved):
+        cfg.save(saved)
     return run_dir
+
+
+def _saved_steps(path: Path):
+    import yaml
+
+    try:
+        return (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("steps")
+    except (OSError, yaml.YAMLError):
+        return None
 
 
 def restore(state: dict | None, optimizer, scheduler, order: DataOrder) -> tuple[int, DataOrder]:
@@ -248,3 +267,65 @@ def open_logger(run_dir: Path, cfg: TrainingFields, state: dict | None):
 
 def fmt_metrics(metrics: dict) -> str:
     return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+
+
+# ----------------------------------------------------------------------------------------------------
+# Ctrl-C and SIGTERM: stop at a step boundary, save, say how to go on.
+
+
+class RunInterrupted(Exception):
+    """A run stopped by SIGINT or SIGTERM after a whole step; the message says what was saved and the command
+    that continues it. The CLI prints it as one line and exits 130."""
+
+
+class StopRequests:
+    """While active, SIGINT and SIGTERM ask the loop to stop after the step in flight (which then finishes, so no
+    half-applied update is ever saved); a second signal stops at once (KeyboardInterrupt). Only the main thread
+    can install handlers: elsewhere (a Ray actor's thread) this does nothing and the signals keep their meaning."""
+
+    def __init__(self):
+        self.requested: int | None = None
+        self._previous: dict = {}
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(sig) is not signal.SIG_IGN:  # a backgrounded job that ignores SIGINT keeps doing so
+                    self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        import signal
+        import sys
+
+        if self.requested is not None:
+            self.__exit__()
+            raise KeyboardInterrupt
+        self.requested = signum
+        print(f"\n{signal.Signals(signum).name}: stopping after the step in flight (again to stop at once)",
+              file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc):
+        import signal
+
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+        return False
+
+    def after_step(self, cfg: TrainingFields, run_dir: Path, step: int, command: str, save, close=()) -> None:
+        """The end of a step in every loop: the periodic checkpoint (`save()` writes one and returns its path),
+        then, when a stop was asked for, this step saved (once), `close` called (loggers, progress bars) and
+        RunInterrupted raised. The last step is left to the loop: it writes the final model."""
+        saved = bool(cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps)
+        path = save() if saved else None
+        if self.requested is None or step >= cfg.steps:
+            return
+        path = path or save()
+        for done in close:
+            done()
+        raise RunInterrupted(f"interrupted after step {step} of {cfg.steps}; saved checkpoint {path}. Continue "
+                             f"with: {command} out={run_dir} resume=true")

@@ -100,9 +100,17 @@ def resolve_model_path(name_or_path: str) -> str:
         if path.exists():
             raise FileNotFoundError(f"model={name_or_path} is a file but neither a model directory nor a .gguf file")
         if _looks_like_path(name_or_path):
-            raise FileNotFoundError(f"model={name_or_path}: no such directory. model= takes a saved model directory, "
-                                    f"a .gguf file, {DEFAULT_MODEL}, or a hub name already in the local Hugging Face "
-                                    "cache; nothing is downloaded")
+            hint = ""
+            if path.name == "final":  # the model a run writes when it finishes: that run comes first
+                run = path.parent
+                recipes = sorted(Path("configs").glob("*.yaml")) if Path("configs").is_dir() else []
+                maker = next((c for c in recipes if f"out: {run.as_posix()}" in c.read_text(encoding="utf-8")), None)
+                hint = (f"; it is what the run in {run} writes when it finishes: run "
+                        + (f"`rlvr {'sft' if 'sft' in maker.stem else 'train'} --config {maker.as_posix()}` first"
+                           if maker is not None else "that run first"))
+            raise FileNotFoundError(f"model={name_or_path}: no such directory{hint}. model= takes a saved model "
+                                    f"directory, a .gguf file, {DEFAULT_MODEL}, or a hub name already in the local "
+                                    "Hugging Face cache; nothing is downloaded")
         return _cached_hub_model(name_or_path)
     # keyed by the file's identity too: a replaced or different file of the same name is converted anew
     stat = gguf.resolve().stat()

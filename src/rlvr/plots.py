@@ -15,7 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from rlvr.runs import Band, Group, fmt_value, per_step_spread, spread, summarize_run
+from rlvr.runs import Band, Group, fmt_value, metric_bounds, per_step_spread, spread, summarize_run
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def _draw_panel(ax, groups: Sequence[Group], key: str, band: Band, colors) -> No
         steps = [x for x, _ in stats]
         ax.plot(steps, [st.mean for _, st in stats], color=color, linewidth=2, marker="o" if sparse else None,
                 markersize=3, label=f"{g.label} (n={len(series)})")
-        lo, hi = zip(*(st.band(band) for _, st in stats))
+        lo, hi = zip(*(st.band(band, metric_bounds(key)) for _, st in stats))
         ax.fill_between(steps, lo, hi, color=color, alpha=0.2, linewidth=0)
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -116,8 +116,8 @@ def lr_figure(groups: Sequence[Group], band: Band = "ci") -> Figure | None:
         points.sort(key=lambda p: p[0])
         xs = [p[0] for p in points]
         means = [p[1].mean for p in points]
-        lo = [p[1].mean - p[1].band(band)[0] for p in points]
-        hi = [p[1].band(band)[1] - p[1].mean for p in points]
+        lo = [p[1].mean - p[1].band(band, (0.0, 1.0))[0] for p in points]  # accuracies
+        hi = [p[1].band(band, (0.0, 1.0))[1] - p[1].mean for p in points]
         ax.errorbar(xs, means, yerr=[lo, hi], color=color, marker="o", capsize=4, linewidth=1.5, label=label)
         for x, _, finals in points:
             ax.scatter([x] * len(finals), finals, color=color, alpha=0.3, s=12)
@@ -154,7 +154,7 @@ def minutes_figure(groups: Sequence[Group], band: Band = "ci") -> Figure | None:
         stats = [spread([c[s][1] for c in curves if s in c]) for s in steps]
         ax.plot(xs, [st.mean for st in stats], color=color, linewidth=2, marker="o", markersize=3,
                 label=f"{g.label} (n={len(curves)})")
-        lo, hi = zip(*(st.band(band) for st in stats))
+        lo, hi = zip(*(st.band(band, (0.0, 1.0)) for st in stats))  # accuracy over minutes
         ax.fill_between(xs, lo, hi, color=color, alpha=0.2, linewidth=0)
     if not drawn:
         return None

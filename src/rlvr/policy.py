@@ -50,12 +50,23 @@ def tokenize_prompt_and_output(prompt_strs: list[str], output_strs: list[str], t
     """
     if len(prompt_strs) != len(output_strs):
         raise ValueError(f"prompt_strs has {len(prompt_strs)} items but output_strs has {len(output_strs)}")
+    outputs = tokenizer(list(output_strs), add_special_tokens=False)["input_ids"] if output_strs else []
+    return tokenize_prompt_and_ids(prompt_strs, outputs, tokenizer)
+
+
+def tokenize_prompt_and_ids(prompt_strs: list[str], response_ids: list[list[int]], tokenizer) -> dict[str, torch.Tensor]:
+    """`tokenize_prompt_and_output` for responses given as token ids: the ids a rollout engine sampled, trained
+    as they were sampled (a final end-of-sequence token included). Decoding sampled ids and encoding the text
+    again need not give the same ids (a merge the sampler did not make, bytes that are not UTF-8, a dropped
+    EOS), and the policy would then be trained on tokens nobody sampled. The prompt is encoded as the engines
+    encode it: `tokenizer(prompt, add_special_tokens=False)`."""
+    if len(prompt_strs) != len(response_ids):
+        raise ValueError(f"prompt_strs has {len(prompt_strs)} items but response_ids has {len(response_ids)}")
     if not prompt_strs:
         raise ValueError("prompt_strs is empty")
     prompts = tokenizer(list(prompt_strs), add_special_tokens=False)["input_ids"]
-    outputs = tokenizer(list(output_strs), add_special_tokens=False)["input_ids"]
-    lengths = [len(p) + len(o) for p, o in zip(prompts, outputs)]
-    width = max(lengths)
+    outputs = [list(o) for o in response_ids]
+    width = max(len(p) + len(o) for p, o in zip(prompts, outputs))
     if width < 2:
         raise ValueError("every prompt + output is shorter than 2 tokens; nothing to predict")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -86,12 +97,15 @@ def _head_parts(model):
 
 
 def _scores(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool, temperature: float = 1.0,
-            teacher_log_probs: torch.Tensor | None = None, kl_direction: str = "reverse"):
+            teacher_log_probs: torch.Tensor | None = None, kl_direction: str = "reverse", vocab: int | None = None):
     """From a chunk of logits / temperature, in float32: the gathered log-prob of each label, the (detached)
     entropy when asked, and with `teacher_log_probs` (the teacher's log-softmax at these positions) the exact
     KL over the vocabulary, differentiable: reverse KL(p || teacher) or forward KL(teacher || p).
+    `vocab`: the distribution over the first `vocab` ids only (rows past them are padding).
     (log-prob, entropy or None, KL or None)"""
     logits, labels = logits.float(), labels.to(logits.device)
+    if vocab is not None and vocab < logits.shape[-1]:
+        logits = logits[..., :vocab]
     if temperature != 1.0:
         logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)
@@ -99,6 +113,11 @@ def _scores(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool, temp
     kl = None
     if teacher_log_probs is not None:
         log_p, log_q = logits - lse.unsqueeze(-1), teacher_log_probs.to(logits.device)
+        if log_q.shape[-1] != log_p.shape[-1]:
+            # one tokenizer, embedding matrices padded to other sizes (Qwen2.5 0.5B vs 7B): the ids past the
+            # shorter matrix are padding; compare the two distributions over the ids both have, renormalised
+            vocab = min(log_p.shape[-1], log_q.shape[-1])
+            log_p, log_q = (torch.log_softmax(t[..., :vocab], dim=-1) for t in (log_p, log_q))
         kl = ((log_p.exp() * (log_p - log_q)) if kl_direction == "reverse" else (log_q.exp() * (log_q - log_p))).sum(-1)
     if not with_entropy:
         return log_probs, None, kl
@@ -108,8 +127,9 @@ def _scores(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool, temp
     return log_probs, entropy, kl
 
 
-def _head_scores(head, hidden, labels, with_entropy, temperature=1.0, teacher_log_probs=None, kl_direction="reverse"):
-    return _scores(head(hidden), labels, with_entropy, temperature, teacher_log_probs, kl_direction)
+def _head_scores(head, hidden, labels, with_entropy, temperature=1.0, teacher_log_probs=None, kl_direction="reverse",
+                 vocab=None):
+    return _scores(head(hidden), labels, with_entropy, temperature, teacher_log_probs, kl_direction, vocab)
 
 
 def _scored_states(model, parts, input_ids: torch.Tensor, offset: int, select: torch.Tensor | None) -> torch.Tensor:
@@ -182,6 +202,7 @@ def get_response_log_probs(
     temperature: float = 1.0,
     teacher=None,
     kl_direction: str = "reverse",
+    vocab: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-token log p(label | prefix), (batch, length), and optionally the per-token entropy.
 
@@ -197,6 +218,9 @@ def get_response_log_probs(
     p(. | prefix) at temperature T and the teacher's at 1, over the whole vocabulary at every scored position,
     differentiable in the model's parameters: `kl_direction` "reverse" KL(model || teacher) or "forward"
     KL(teacher || model) -- on-policy distillation with distill_kl=reverse / forward.
+
+    `vocab`: score the distribution over the first `vocab` token ids only: a teacher whose embedding matrix
+    is padded past the student's is scored over the ids the student has.
     """
     if input_ids.shape != labels.shape:
         raise ValueError(f"input_ids has shape {tuple(input_ids.shape)} but labels has {tuple(labels.shape)}")
@@ -217,13 +241,13 @@ def get_response_log_probs(
     select = positions.reshape(-1).nonzero().squeeze(-1) if positions is not None else None
     hidden = _scored_states(model, parts, input_ids, offset, select)  # offset is 0 without a plain head
     head = parts[1] if parts is not None else None
-    vocab = head.weight.shape[0] if head is not None else hidden.shape[-1]
+    width = head.weight.shape[0] if head is not None else hidden.shape[-1]  # of the logits
     if select is not None:
         flat_labels = flat_labels[select]
 
     teacher_scores = _TeacherScores(teacher, input_ids, select, offset) if teacher is not None else None
     # the teacher's log-softmax is (positions, V) float32: with a teacher, half the chunk for each side
-    rows = max(1, chunk_elements // vocab // (2 if teacher is not None else 1))
+    rows = max(1, chunk_elements // width // (2 if teacher is not None else 1))
     lp_chunks, ent_chunks, kl_chunks = [], [], []
     for start in range(0, hidden.shape[0], rows):
         h, y = hidden[start : start + rows], flat_labels[start : start + rows]
@@ -231,11 +255,11 @@ def get_response_log_probs(
         if parts is not None and torch.is_grad_enabled() and h.requires_grad:
             # recompute this chunk's logits in backward instead of keeping them alive
             lp, ent, kl = checkpoint(_head_scores, head, h, y, return_token_entropy, temperature, t_lp,
-                                     kl_direction, use_reentrant=False)
+                                     kl_direction, vocab, use_reentrant=False)
         elif parts is not None:
-            lp, ent, kl = _head_scores(head, h, y, return_token_entropy, temperature, t_lp, kl_direction)
+            lp, ent, kl = _head_scores(head, h, y, return_token_entropy, temperature, t_lp, kl_direction, vocab)
         else:
-            lp, ent, kl = _scores(h, y, return_token_entropy, temperature, t_lp, kl_direction)
+            lp, ent, kl = _scores(h, y, return_token_entropy, temperature, t_lp, kl_direction, vocab)
         lp_chunks.append(lp)
         if ent is not None:
             ent_chunks.append(ent)

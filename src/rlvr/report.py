@@ -42,13 +42,19 @@ def esc(value) -> str:
     return html.escape(value if isinstance(value, str) else fmt_value(value), quote=True)
 
 
-def fmt_spread(s: Spread | None, digits: int = 3) -> str:
-    """"0.400 ± 0.226" (mean ± 95% t-interval half width), "0.400 (n=1)" for a single run, "–" for none."""
+def fmt_spread(s: Spread | None, digits: int = 3, bounds: tuple[float, float] | None = (0.0, 1.0)) -> str:
+    """"0.400 ± 0.226 (df 2)" (mean ± 95% t-interval half width, its degrees of freedom), "0.400 (n=1)" for a
+    single run, "–" for none. An interval that leaves the metric's `bounds` (accuracies: [0, 1]; 2 seeds give
+    t(0.975, 1) = 12.7) is shown as the range it covers inside them: "0.650 [0.210, 1.000] (df 1)"."""
     if s is None:
         return "–"
     if math.isnan(s.half_width):
         return f"{s.mean:.{digits}f} (n=1)"
-    return f"{s.mean:.{digits}f} ± {s.half_width:.{digits}f}"
+    df = f"(df {s.n - 1})"
+    if bounds is not None and (s.mean - s.half_width < bounds[0] or s.mean + s.half_width > bounds[1]):
+        lo, hi = s.band("ci", bounds)
+        return f"{s.mean:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}] {df}"
+    return f"{s.mean:.{digits}f} ± {s.half_width:.{digits}f} {df}"
 
 
 # the numbers a comparison between groups is about (the best accuracy of a run is biased upward by picking)

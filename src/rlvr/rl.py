@@ -33,9 +33,10 @@ from rlvr.data import DataOrder, Example, load_split
 from rlvr.estimators import distill_advantages
 from rlvr.evaluate import pass_at_k
 from rlvr.hf_engine import HFEngine
-from rlvr.loop_common import (build_engines, build_optimizer, load_frozen, load_policy, native_precision, open_logger,
+from rlvr.loop_common import (StopRequests, build_engines, build_optimizer, load_frozen, load_policy,
+                              native_precision, open_logger,
                               placement, restore, start_run, start_validation, trainer_state, validate)
-from rlvr.policy import tokenize_prompt_and_output
+from rlvr.policy import tokenize_prompt_and_ids
 from rlvr.prompts import PromptTemplate, get_prompt
 from rlvr.rewards import combine_rewards, format_reward_fn, get_reward_fn, rewards_and_metadata, score_batch
 from rlvr.rollout import Completion, RolloutEngine
@@ -127,12 +128,30 @@ class Rollouts:
 
 @dataclasses.dataclass
 class Scored:
-    """A rollout batch's rewards and the TrainBatch its advantages make."""
+    """A rollout batch's rewards and the TrainBatch its advantages make; `unknown_rows`: rollouts whose
+    engine gave no sampling log-probs (no mismatch measured or corrected on them)."""
 
     scores: list[dict]
     reward_meta: dict
     adv_meta: dict
     batch: TrainBatch
+    unknown_rows: int = 0
+
+
+def sampled_log_probs(completions: list[Completion], labels: torch.Tensor, response_mask: torch.Tensor):
+    """The engine's sampling-time log-probs placed at the batch's response positions, (N, T), NaN elsewhere and
+    for a row whose engine gave none (or whose trained ids are not its sampled ids: a guard, score_rollouts
+    trains the sampled ids). Returns (log-probs, rows unknown)."""
+    out = torch.full(labels.shape, float("nan"))
+    unknown = 0
+    for j, c in enumerate(completions):
+        positions = response_mask[j].nonzero().squeeze(-1)
+        ids = labels[j, positions].tolist()
+        if c.logprobs is not None and list(c.token_ids) == ids and len(c.logprobs) == len(ids):
+            out[j, positions] = torch.tensor(c.logprobs, dtype=torch.float32)
+        elif ids:
+            unknown += 1
+    return out, unknown
 
 
 @contextmanager
@@ -149,10 +168,11 @@ def next_questions(train: list[Example], order: DataOrder, prompt: PromptTemplat
     return questions, [prompt.format(q.question, tokenizer) for q in questions]
 
 
-def rollout_sampling(cfg: TrainConfig, prompt: PromptTemplate, step: int, logprobs: bool = False):
-    """Step `step`'s sampling: the seed makes every rollout a function of (seed, step, question, sample)."""
+def rollout_sampling(cfg: TrainConfig, prompt: PromptTemplate, step: int):
+    """Step `step`'s sampling: the seed makes every rollout a function of (seed, step, question, sample). The
+    engine reports its sampling log-probs: the update measures and corrects the rollout-vs-trainer mismatch."""
     sampling = sampling_params(cfg, stop=prompt.stop, seed=cfg.seed * 1_000_003 + step)
-    return dataclasses.replace(sampling, logprobs=True) if logprobs else sampling
+    return dataclasses.replace(sampling, logprobs=True)
 
 
 def collect_rollouts(engine: RolloutEngine, model, train: list[Example], order: DataOrder, prompt: PromptTemplate,
@@ -164,16 +184,24 @@ def collect_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
 
 def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: DataOrder, prompt: PromptTemplate,
                      tokenizer, cfg: TrainConfig, step: int, reward_fn, spec: EstimatorSpec):
-    """DAPO's dynamic sampling: groups whose rewards have no spread (all right, all wrong) teach nothing, so they
-    are dropped and new questions sampled in their place, up to `dynamic_sampling_rounds` generations, until the
-    batch holds rollout_batch_size / group_size groups with spread (the first round generates
-    `dynamic_sampling_questions` questions when set, later rounds as many as the keep rate so far says will fill
-    the batch). Short of that, the step trains on the groups
-    it found (none found: the last round's, which train nothing). Returns the batch, what the sampling cost, and
-    the batch's (scores, grading counts of every round) for `score_rollouts`, so nothing is graded twice."""
+    """DAPO's dynamic sampling, for every estimator: a group teaches nothing when the run's own estimator gives
+    it zero advantage on every rollout (a mean baseline: rewards without spread; no baseline, as in rft and
+    reinforce: all wrong; DAPO's masking: every rollout with signal truncated; a registered advantage: whatever
+    it says), so such groups are dropped and new questions sampled in their place, up to
+    `dynamic_sampling_rounds` generations, until the batch holds rollout_batch_size / group_size groups with
+    signal (the first round generates `dynamic_sampling_questions` questions when set, later rounds as many as
+    the keep rate so far says will fill the batch). Short of that, the step trains the groups it found; none
+    found: the last round's first groups, never more rows than the configured batch. Each group is judged by
+    the advantage function on that group alone (a group estimator's advantages are exactly that).
+
+    Returns the batch, what the sampling cost (`train/dynamic_*`), the batch's (scores, grading counts of every
+    round) for `score_rollouts`, so nothing is graded twice, and (everything sampled, its scores) for the
+    step's rollout metrics."""
     want, g = cfg.rollout_batch_size // cfg.group_size, cfg.group_size
     key = "answer_reward" if spec.reward_signal == "correctness" else "reward"  # the advantage's signal
     questions, prompts, completions, kept_scores = [], [], [], []
+    everything = Rollouts([], [], [])
+    every_score: list[dict] = []
     grading: dict[str, float] = {}
     sampled, right, rounds = 0, 0.0, 0
     engine.sync_weights(model)
@@ -193,20 +221,30 @@ def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
             grading[name] = grading.get(name, 0) + value
         sampled += len(scores)
         right += sum(float(s["answer_reward"]) for s in scores)
+        offset = len(everything.questions)
+        everything.questions += new_q
+        everything.prompts += new_p
+        everything.completions += [dataclasses.replace(c, prompt_index=c.prompt_index + offset)
+                                   for c in batch.completions]
+        every_score += scores
         last = batch, scores
         for q in range(len(new_q)):
             group = slice(q * g, (q + 1) * g)
-            rewards = [float(s[key]) for s in scores[group]]
-            if max(rewards) > min(rewards) and len(questions) < want:  # extras beyond a full batch are dropped
+            advantages, _ = compute_advantages(torch.tensor([float(s[key]) for s in scores[group]]), g, spec)
+            if spec.mask_truncated_completions:  # score_rollouts zeroes these, so they carry no signal
+                advantages = torch.where(batch.truncated[group], torch.zeros_like(advantages), advantages)
+            if bool((advantages != 0).any()) and len(questions) < want:  # extras beyond a full batch are dropped
                 completions += [dataclasses.replace(c, prompt_index=len(questions)) for c in batch.completions[group]]
                 kept_scores += scores[group]
                 questions.append(new_q[q])
                 prompts.append(new_p[q])
     meta = {"train/dynamic_rounds": rounds, "train/dynamic_kept_groups": len(questions),
             "train/dynamic_sampled_rollouts": sampled, "train/sampled_answer_reward": right / max(sampled, 1)}
-    if not questions:
-        return last[0], meta, (last[1], grading)
-    return Rollouts(questions, prompts, completions), meta, (kept_scores, grading)
+    if not questions:  # nothing had signal: the last round's first batch of groups (a zero-gradient step)
+        batch, scores = last
+        kept = Rollouts(batch.questions[:want], batch.prompts[:want], batch.completions[: want * g])
+        return kept, meta, (scores[: want * g], grading), (everything, every_score)
+    return Rollouts(questions, prompts, completions), meta, (kept_scores, grading), (everything, every_score)
 
 
 def score_rollouts(rollouts: Rollouts, reward_fn, spec: EstimatorSpec, cfg: TrainConfig, tokenizer,
@@ -218,26 +256,28 @@ def score_rollouts(rollouts: Rollouts, reward_fn, spec: EstimatorSpec, cfg: Trai
     if spec.reward_signal == "correctness":  # RFT's indicator, MaxRL's success: shaping does not enter
         raw_rewards = torch.tensor([float(s["answer_reward"]) for s in scores])
     advantages, adv_meta = compute_advantages(raw_rewards, cfg.group_size, spec)
-    tokens = tokenize_prompt_and_output([rollouts.prompts[c.prompt_index] for c in rollouts.completions],
-                                        rollouts.responses, tokenizer)
+    # the sampled ids are what is trained (EOS included when it was sampled), never the text encoded again
+    tokens = tokenize_prompt_and_ids([rollouts.prompts[c.prompt_index] for c in rollouts.completions],
+                                     [c.token_ids for c in rollouts.completions], tokenizer)
     mask = tokens["response_mask"]
+    sampled, unknown = sampled_log_probs(rollouts.completions, tokens["labels"], mask)
     if spec.mask_truncated_completions:
         truncated = rollouts.truncated
         mask = mask & ~truncated.unsqueeze(-1)
         advantages = torch.where(truncated, torch.zeros_like(advantages), advantages)
-    return Scored(scores, reward_meta, adv_meta, TrainBatch(tokens["input_ids"], tokens["labels"], mask, advantages))
+    batch = TrainBatch(tokens["input_ids"], tokens["labels"], mask, advantages,
+                       rollout_log_probs=sampled if unknown < len(rollouts.completions) else None)
+    return Scored(scores, reward_meta, adv_meta, batch, unknown)
 
 
 def train_on_rollouts(model, optimizer, scheduler, reference, batch: TrainBatch, spec: EstimatorSpec,
-                      cfg: TrainConfig, step: int, times: dict, parallel=None, tis_cap: float | None = None,
-                      teacher=None) -> list[dict]:
+                      cfg: TrainConfig, step: int, times: dict, parallel=None, teacher=None) -> list[dict]:
     """The k = steps_per_rollout optimizer steps on one rollout batch (k > 1 is off-policy). `parallel`: this
     process is one data-parallel learner of several (rlvr.parallel); it scores and trains its rows only.
     `teacher`: on-policy distillation's, for distill_kl reverse / forward (its KL is part of every update's loss).
-    A batch that arrives with `old_log_probs` carries its sampling-time log-probs (asynchronous RL: an older
-    policy sampled it); they are the old policy of every train batch, and on-policy estimators get truncated
-    importance sampling (`tis_cap`) instead of a clip."""
-    behaviour = batch.old_log_probs is not None
+    pi_old is the policy before this batch's first update (the live policy in that update, scored before it
+    for the later ones), in every mode; the sampler's own log-probs (`batch.rollout_log_probs`: its numerics,
+    in async RL its older weights) enter through `cfg.rollout_correction`, as in decoupled PPO."""
     k = spec.steps_per_rollout
     rows = list(range(len(batch)))
     if k > 1:
@@ -254,7 +294,7 @@ def train_on_rollouts(model, optimizer, scheduler, reference, batch: TrainBatch,
         return [split[j] for j in local]
 
     with _timed(times, "old_logprobs"):
-        if spec.needs_old_log_probs and k > 1 and not behaviour:  # before any update; the first uses the live policy
+        if spec.needs_old_log_probs and k > 1:  # before any update; the first uses the live policy
             later = [r for split in splits[1:] for r in my_rows(split)]
             batch.old_log_probs = score_log_probs(model, batch.input_ids, batch.labels, batch.response_mask,
                                                   cfg.microbatch_size, cfg.precision, rows=later,
@@ -268,14 +308,14 @@ def train_on_rollouts(model, optimizer, scheduler, reference, batch: TrainBatch,
     with _timed(times, "train"):
         for i, split in enumerate(splits):
             part = batch.rows(split)
-            if i == 0 and not behaviour:
-                part.old_log_probs = None  # the live policy is the sampling policy for the first update
+            if i == 0:
+                part.old_log_probs = None  # the live policy is pi_old for the first update
             try:
                 loss, meta = policy_gradient_update(
                     model, optimizer, part, spec, math.ceil(len(split) / cfg.microbatch_size), cfg.max_grad_norm,
                     on_policy_ratio=spec.needs_old_log_probs and part.old_log_probs is None, precision=cfg.precision,
                     share_prefix=cfg.share_prefix, temperature=cfg.temperature, parallel=parallel,
-                    tis_cap=tis_cap if behaviour and not spec.needs_old_log_probs else None, teacher=teacher)
+                    rollout_correction=cfg.rollout_correction.spec(), teacher=teacher)
                 updates.append({"loss": float(loss), **meta})
             except NonFiniteLoss as err:
                 log.error("step %d, train batch %d: %s", step, i, err)
@@ -323,36 +363,40 @@ def train_grpo(cfg: TrainConfig) -> dict:
 
     bar = tqdm(total=cfg.steps, initial=step, desc=f"train {cfg.algorithm}", unit="step")
     metrics: dict = {}
-    while step < cfg.steps:
-        step += 1
-        times: dict[str, float] = {}
-        dynamic, graded = {}, None
-        with _timed(times, "generate"):
-            if cfg.dynamic_sampling:
-                rollouts, dynamic, graded = dynamic_rollouts(engine, model, train, order, prompt, tokenizer, cfg,
-                                                             step, reward_fn, spec)
-            else:
-                rollouts = collect_rollouts(engine, model, train, order, prompt, tokenizer, cfg, step)
-        with _timed(times, "score"):
-            scored = score_rollouts(rollouts, reward_fn, spec, cfg, tokenizer, graded)
-        with _timed(times, "teacher"):
-            # (distill_kl reverse / forward: the update scores the teacher itself, logs train/teacher_kl_exact)
-            distilled = distill_from_teacher(scored.batch, model, teacher, spec, cfg) \
-                if teacher is not None and not spec.exact_distill else {}
-        updates = train_on_rollouts(model, optimizer, scheduler, reference, scored.batch, spec, cfg, step, times,
-                                    teacher=teacher)
+    with StopRequests() as stop:
+        while step < cfg.steps:
+            step += 1
+            times: dict[str, float] = {}
+            dynamic, graded, sampled = {}, None, None
+            with _timed(times, "generate"):
+                if cfg.dynamic_sampling:
+                    rollouts, dynamic, graded, sampled = dynamic_rollouts(engine, model, train, order, prompt,
+                                                                          tokenizer, cfg, step, reward_fn, spec)
+                else:
+                    rollouts = collect_rollouts(engine, model, train, order, prompt, tokenizer, cfg, step)
+            with _timed(times, "score"):
+                scored = score_rollouts(rollouts, reward_fn, spec, cfg, tokenizer, graded)
+            with _timed(times, "teacher"):
+                # (distill_kl reverse / forward: the update scores the teacher itself, logs train/teacher_kl_exact)
+                distilled = distill_from_teacher(scored.batch, model, teacher, spec, cfg) \
+                    if teacher is not None and not spec.exact_distill else {}
+            updates = train_on_rollouts(model, optimizer, scheduler, reference, scored.batch, spec, cfg, step, times,
+                                        teacher=teacher)
 
-        metrics = {**_step_metrics(cfg, rollouts, scored, updates, times, scheduler.get_last_lr()[0]), **distilled,
-                   **dynamic}
-        if validation_due(cfg, step):
-            with _timed(times, "validate"):
-                val_metrics, _ = validate(val_engine, model, val, prompt, tokenizer, cfg)
-            metrics.update(val_metrics, **{"time/validate": times["validate"]})
-        log_step(step, metrics, rollouts, scored, times, monitor, logger, bar, cfg)
-        if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
-            ckpt.save_checkpoint(run_dir, step, model, tokenizer,
-                                 trainer_state(optimizer, scheduler, order, monitor=monitor.state()),
-                                 keep=cfg.keep_checkpoints)
+            metrics = {**_step_metrics(cfg, rollouts, scored, updates, times, scheduler.get_last_lr()[0], sampled),
+                       **distilled,
+                       **dynamic}
+            if validation_due(cfg, step):
+                with _timed(times, "validate"):
+                    val_metrics, _ = validate(val_engine, model, val, prompt, tokenizer, cfg)
+                metrics.update(val_metrics, **{"time/validate": times["validate"]})
+            log_step(step, metrics, rollouts, scored, times, monitor, logger, bar, cfg)
+            # the periodic checkpoint; on Ctrl-C / SIGTERM this step saved and the run stopped with one line
+            stop.after_step(cfg, run_dir, step, "rlvr train", close=(bar.close, logger.close),
+                            save=lambda: ckpt.save_checkpoint(
+                                run_dir, step, model, tokenizer,
+                                trainer_state(optimizer, scheduler, order, monitor=monitor.state()),
+                                keep=cfg.keep_checkpoints))
     bar.close()
     summary = {"steps": step, "algorithm": cfg.algorithm,
                **{k_: v for k_, v in metrics.items() if k_.startswith("val/")}}
@@ -395,7 +439,9 @@ def distill_from_teacher(batch: TrainBatch, model, teacher, spec: EstimatorSpec,
     (With distill_kl reverse / forward this is not called: the update adds the exact KL to the loss itself.)"""
     args = (batch.input_ids, batch.labels, batch.response_mask, cfg.microbatch_size, cfg.precision)
     student = score_log_probs(model, *args, share_prefix=cfg.share_prefix, temperature=cfg.temperature)
-    teacher_lp = score_log_probs(teacher, *args, share_prefix=cfg.share_prefix, temperature=1.0)
+    # a teacher padded past the student's vocabulary is a distribution over the student's ids
+    teacher_lp = score_log_probs(teacher, *args, share_prefix=cfg.share_prefix, temperature=1.0,
+                                 vocab=model.get_output_embeddings().weight.shape[0])
     mask = batch.response_mask
     per_token = distill_advantages(student, teacher_lp, mask, spec.distill_discount)
     batch.advantages = (batch.advantages.unsqueeze(-1) * mask + spec.distill * per_token).masked_fill(~mask, 0.0)
@@ -417,6 +463,12 @@ def _teacher_model(cfg: TrainConfig, tokenizer, device="cpu"):
         raise ValueError(f"teacher={cfg.teacher!r} and model={cfg.model!r} have different tokenizers "
                          f"({len(teacher_tokenizer)} vs {len(tokenizer)} tokens); on-policy distillation "
                          "compares log-probs of the same token ids, so they must share one")
+    # one tokenizer, but the embedding matrices may be padded to other sizes: the exact KL compares the ids
+    # both models have (rlvr.policy._scores), which must hold every id of the tokenizer
+    rows = teacher.get_output_embeddings().weight.shape[0]
+    if rows < len(tokenizer):
+        raise ValueError(f"teacher={cfg.teacher!r} scores {rows} token ids, fewer than the tokenizer's "
+                         f"{len(tokenizer)}: it cannot score every token the student may sample")
     return teacher
 
 
@@ -444,7 +496,8 @@ def _rollout_rows(rollouts: Rollouts, scored: Scored) -> list[dict]:
     return [{"question": rollouts.questions[c.prompt_index].question, "ground_truth": truths[j], "response": c.text,
              "reward": scored.scores[j]["reward"], "format_reward": scored.scores[j]["format_reward"],
              "answer_reward": scored.scores[j]["answer_reward"], "advantage": _row_advantage(scored.batch, j),
-             "tokens": len(c.token_ids), "finish_reason": c.finish_reason, "sample_index": c.sample_index}
+             "tokens": len(c.token_ids), "finish_reason": c.finish_reason, "sample_index": c.sample_index,
+             "token_ids": list(c.token_ids)}  # what was trained (the text is its decoding)
             for j, c in enumerate(rollouts.completions)]
 
 
@@ -462,9 +515,20 @@ def _group_pass_at_k(correct: list[float], group_size: int) -> dict[str, float]:
             for k in range(1, group_size + 1)}
 
 
-def _step_metrics(cfg, rollouts: Rollouts, scored: Scored, updates, times, lr: float) -> dict:
-    completions, reward_meta = rollouts.completions, scored.reward_meta
+def _rollout_shape(completions: list[Completion], prefix: str = "") -> dict:
     lengths = [len(c.token_ids) for c in completions]
+    return {f"rollout/{prefix}mean_tokens": sum(lengths) / len(lengths), f"rollout/{prefix}max_tokens": max(lengths),
+            f"rollout/{prefix}truncated_rate": sum(c.finish_reason == "length" for c in completions) / len(completions)}
+
+
+def _step_metrics(cfg, rollouts: Rollouts, scored: Scored, updates, times, lr: float,
+                  sampled: tuple[Rollouts, list[dict]] | None = None) -> dict:
+    """The step's metrics. `sampled`: (everything generated, its scores) when dynamic sampling kept only part
+    of it: rollout/*, train/pass@k and the generation rate then describe everything sampled, and the kept
+    batch's numbers sit beside them (rollout/kept_*, train/kept_pass@k)."""
+    completions, reward_meta = rollouts.completions, scored.reward_meta
+    every, every_scores = sampled if sampled is not None else (rollouts, scored.scores)
+    lengths = [len(c.token_ids) for c in every.completions]
     ok = [u for u in updates if "nonfinite" not in u]
     # an update on a fully pruned train batch is a zero-gradient step: its loss and grad norm are 0 by
     # construction, and averaging them in would make a step look quieter than its training was
@@ -476,9 +540,7 @@ def _step_metrics(cfg, rollouts: Rollouts, scored: Scored, updates, times, lr: f
         "train/answer_reward": reward_meta["answer_reward_mean"],
         "train/frac_groups_zero_std": float(scored.adv_meta["frac_groups_zero_std"]),
         "train/reward_std": float(scored.adv_meta["reward_std"]),
-        "rollout/mean_tokens": sum(lengths) / len(lengths),
-        "rollout/max_tokens": max(lengths),
-        "rollout/truncated_rate": sum(c.finish_reason == "length" for c in completions) / len(completions),
+        **_rollout_shape(every.completions),
         "train/lr": lr,
         "train/nonfinite_steps": len(updates) - len(ok),
         "train/updates_trained": len(trained),
@@ -491,7 +553,11 @@ def _step_metrics(cfg, rollouts: Rollouts, scored: Scored, updates, times, lr: f
             m[f"train/{key.removesuffix('_mean')}"] = value
         elif key.startswith("grading/") and key != "grading/seconds":
             m[key] = value
-    m.update(_group_pass_at_k([s["answer_reward"] for s in scored.scores], cfg.group_size))
+    m.update(_group_pass_at_k([s["answer_reward"] for s in every_scores], cfg.group_size))
+    if sampled is not None:
+        m.update(_rollout_shape(completions, "kept_"))
+        kept = _group_pass_at_k([s["answer_reward"] for s in scored.scores], cfg.group_size)
+        m.update({k.replace("train/", "train/kept_"): v for k, v in kept.items()})
     if ok:
         m["train/pruned_fraction"] = sum(u["pruned_fraction"] for u in ok) / len(ok)
     if trained:
@@ -506,9 +572,15 @@ def _step_metrics(cfg, rollouts: Rollouts, scored: Scored, updates, times, lr: f
         if any("is_weight_mean" in u for u in trained):
             weighted = [u for u in trained if "is_weight_mean" in u]
             tokens = max(sum(u["trained_tokens"] for u in weighted), 1)
-            m["train/is_weight_mean"] = sum(u["is_weight_mean"] * u["trained_tokens"] for u in weighted) / tokens
-            m["train/is_capped_fraction"] = sum(u["is_capped_fraction"] * u["trained_tokens"] for u in weighted) / tokens
+            for key in ("is_weight_mean", "is_capped_fraction", "is_masked_fraction"):
+                m[f"train/{key}"] = sum(u[key] * u["trained_tokens"] for u in weighted) / tokens
             m["train/is_weight_max"] = max(u["is_weight_max"] for u in weighted)
+        measured = [u for u in trained if "mismatch_kl" in u]
+        if measured:  # the engine's sampling log-probs against the trainer's pi_old, over the trained tokens
+            tokens = sum(u["mismatch_tokens"] for u in measured)
+            for key in ("mismatch_kl", "mismatch_outside_band_fraction"):
+                m[f"train/{key}"] = sum(u[key] * u["mismatch_tokens"] for u in measured) / tokens
+            m["train/mismatch_max_abs_log_ratio"] = max(u["mismatch_max_abs_log_ratio"] for u in measured)
         m["train/trained_token_entropy"] = (sum(u["trained_token_entropy_sum"] for u in trained)
                                             / max(m["train/trained_tokens"], 1))
     for phase, seconds in times.items():

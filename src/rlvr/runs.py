@@ -65,15 +65,29 @@ class Spread:
     max: float
     n: int
 
-    def band(self, kind: Band = "ci") -> tuple[float, float]:
+    def band(self, kind: Band = "ci", bounds: tuple[float, float] | None = None) -> tuple[float, float]:
+        """The band to draw: min-max, or the t-interval, clipped to `bounds` (the metric's range: an accuracy
+        band never leaves [0, 1], whatever 2 seeds' t(0.975, 1) = 12.7 makes of it)."""
         if kind == "minmax":
             return self.min, self.max
         if math.isnan(self.half_width):
             return self.mean, self.mean
-        return self.mean - self.half_width, self.mean + self.half_width
+        lo, hi = self.mean - self.half_width, self.mean + self.half_width
+        if bounds is not None:
+            lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
+        return lo, hi
 
     def to_dict(self) -> dict:
         return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
+
+
+def metric_bounds(key: str) -> tuple[float, float] | None:
+    """The range of a bounded metric by its name: accuracies, rates, fractions and pass@k lie in [0, 1]."""
+    name = key.rsplit("/", 1)[-1]
+    if name.endswith(("accuracy", "_rate", "fraction", "zero_std")) or name.startswith("pass@") or name in (
+            "answer_reward", "format_reward"):
+        return (0.0, 1.0)
+    return None
 
 
 def spread(values: Sequence[float]) -> Spread:

@@ -18,7 +18,8 @@ import torch
 from rlvr import checkpoint as ckpt
 from rlvr.config import SFTConfig
 from rlvr.data import DataOrder, load_split
-from rlvr.loop_common import (build_engines, build_optimizer, fmt_metrics, load_policy, native_precision, open_logger,
+from rlvr.loop_common import (StopRequests, build_engines, build_optimizer, fmt_metrics, load_policy,
+                              native_precision, open_logger,
                               placement, restore, start_run, trainer_state, validate)
 from rlvr.policy import autocast, get_response_log_probs, sft_microbatch_train_step, tokenize_prompt_and_output
 from rlvr.prompts import get_prompt
@@ -36,14 +37,14 @@ def train_sft(cfg: SFTConfig) -> dict:
         log.info("%s already holds a finished model; nothing to do", done)
         return {"final": str(done), "already_finished": True}
     where = placement(cfg)  # a device this machine lacks stops the run here, before anything is written
-    run_dir = start_run(cfg)
-    cfg = native_precision(cfg, where)
     ckpt.seed_everything(cfg.seed)
     prompt = get_prompt(cfg.prompt)
     train = load_split(cfg, "train", cfg.train_limit)
     val = load_split(cfg, "validation", cfg.eval_limit)
     for ex in train:  # an example without a target (a code row without a solution) fails before the model loads
         prompt.sft_response(ex)
+    run_dir = start_run(cfg)  # (after the data's checks: a run that cannot start leaves no directory behind)
+    cfg = native_precision(cfg, where)
     model, tokenizer, state = load_policy(cfg, run_dir, where.policy)
     optimizer, scheduler = build_optimizer(model, cfg, cfg.steps)
     step, order = restore(state, optimizer, scheduler, DataOrder(len(train), f"sft-{cfg.seed}"))
@@ -58,45 +59,48 @@ def train_sft(cfg: SFTConfig) -> dict:
     from tqdm import tqdm
 
     bar = tqdm(total=cfg.steps, initial=step, desc="sft", unit="step")
-    while step < cfg.steps:
-        started = time.perf_counter()
-        batch = [train[i] for i in order.take(cfg.batch_size)]
-        model.train()
-        loss_total, tokens, nll = 0.0, 0, 0.0
-        for m in range(0, cfg.batch_size, cfg.microbatch_size):
-            micro = batch[m : m + cfg.microbatch_size]
-            tok = tokenize_prompt_and_output([prompt.format(ex.question, tokenizer) for ex in micro],
-                                             [prompt.sft_response(ex) for ex in micro], tokenizer)
-            with autocast(cfg.precision, model):
-                out = get_response_log_probs(model, tok["input_ids"], tok["labels"], positions=tok["response_mask"],
-                                             share_prefix=cfg.share_prefix)
-            loss, meta = sft_microbatch_train_step(out["log_probs"], tok["response_mask"], accumulation,
-                                                   cfg.normalize_constant)
-            loss_total += loss.item()
-            tokens += int(meta["response_tokens"])
-            nll += meta["nll_per_token"].item() * int(meta["response_tokens"])
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            [p for p in model.parameters() if p.requires_grad], cfg.max_grad_norm or float("inf"))
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        seconds = time.perf_counter() - started
-        metrics = {"train/loss": loss_total, "train/nll_per_token": nll / max(tokens, 1),
-                   "train/grad_norm": float(grad_norm), "train/lr": lr, "train/response_tokens": tokens,
-                   "train/epoch": order.epochs_done, "time/step_seconds": seconds,
-                   "time/tokens_per_second": tokens / seconds}
-        if cfg.eval_every and step % cfg.eval_every == 0 or (step == cfg.steps and cfg.eval_at_end):
-            val_metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
-            metrics.update(val_metrics)
-            log.info("step %d: %s", step, fmt_metrics(metrics))
-        logger.log(step, metrics)
-        bar.update(1)
-        bar.set_postfix(nll=f"{metrics['train/nll_per_token']:.3f}", s=f"{seconds:.1f}")
-        if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
-            ckpt.save_checkpoint(run_dir, step, model, tokenizer, trainer_state(optimizer, scheduler, order),
-                                 keep=cfg.keep_checkpoints)
+    with StopRequests() as stop:
+        while step < cfg.steps:
+            started = time.perf_counter()
+            batch = [train[i] for i in order.take(cfg.batch_size)]
+            model.train()
+            loss_total, tokens, nll = 0.0, 0, 0.0
+            for m in range(0, cfg.batch_size, cfg.microbatch_size):
+                micro = batch[m : m + cfg.microbatch_size]
+                tok = tokenize_prompt_and_output([prompt.format(ex.question, tokenizer) for ex in micro],
+                                                 [prompt.sft_response(ex) for ex in micro], tokenizer)
+                with autocast(cfg.precision, model):
+                    out = get_response_log_probs(model, tok["input_ids"], tok["labels"], positions=tok["response_mask"],
+                                                 share_prefix=cfg.share_prefix)
+                loss, meta = sft_microbatch_train_step(out["log_probs"], tok["response_mask"], accumulation,
+                                                       cfg.normalize_constant)
+                loss_total += loss.item()
+                tokens += int(meta["response_tokens"])
+                nll += meta["nll_per_token"].item() * int(meta["response_tokens"])
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                [p for p in model.parameters() if p.requires_grad], cfg.max_grad_norm or float("inf"))
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            seconds = time.perf_counter() - started
+            metrics = {"train/loss": loss_total, "train/nll_per_token": nll / max(tokens, 1),
+                       "train/grad_norm": float(grad_norm), "train/lr": lr, "train/response_tokens": tokens,
+                       "train/epoch": order.epochs_done, "time/step_seconds": seconds,
+                       "time/tokens_per_second": tokens / seconds}
+            if cfg.eval_every and step % cfg.eval_every == 0 or (step == cfg.steps and cfg.eval_at_end):
+                val_metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
+                metrics.update(val_metrics)
+                log.info("step %d: %s", step, fmt_metrics(metrics))
+            logger.log(step, metrics)
+            bar.update(1)
+            bar.set_postfix(nll=f"{metrics['train/nll_per_token']:.3f}", s=f"{seconds:.1f}")
+            # the periodic checkpoint; on Ctrl-C / SIGTERM this step saved and the run stopped with one line
+            stop.after_step(cfg, run_dir, step, "rlvr sft", close=(bar.close, logger.close),
+                            save=lambda: ckpt.save_checkpoint(run_dir, step, model, tokenizer,
+                                                              trainer_state(optimizer, scheduler, order),
+                                                              keep=cfg.keep_checkpoints))
     bar.close()
     summary = {"steps": step, **{k: v for k, v in metrics.items() if k.startswith("val/")}}
     final = ckpt.save_final(run_dir, model, tokenizer, summary)

@@ -25,7 +25,8 @@ import math
 import torch
 
 from rlvr.algorithms import EstimatorSpec, compute_advantages, policy_loss
-from rlvr.estimators import aggregate_loss_across_microbatch, kl_penalty, microbatch_loss_scale, whole_batch_normalizer
+from rlvr.estimators import (aggregate_loss_across_microbatch, kl_penalty, microbatch_loss_scale,
+                              rollout_correction_weights, whole_batch_normalizer)
 from rlvr.devices import input_device
 from rlvr.policy import autocast, get_response_log_probs, tokenize_prompt_and_output
 from rlvr.rewards import rewards_and_metadata, score_batch
@@ -35,11 +36,23 @@ class NonFiniteLoss(RuntimeError):
     """The loss or gradient norm was NaN/inf; the optimizer step was skipped and the gradients cleared."""
 
 
+@dataclasses.dataclass(frozen=True)
+class RolloutCorrection:
+    """How an update corrects for the sampler not being the trainer's old policy (`rollout_correction_weights`
+    in rlvr.estimators): mode none | token_tis | sequence_tis | token_mask | sequence_mask, the TIS cap, and the
+    band [low, high] a masked ratio must lie in."""
+
+    mode: str = "token_tis"
+    cap: float = 2.0
+    band: tuple[float, float] = (0.5, 2.0)
+
+
 @dataclasses.dataclass
 class TrainBatch:
     """Scored rollouts ready for an update: (N, T) token tensors, advantages (N,) -- or (N, T), one per token
     (on-policy distillation) -- and the log-probs of the sampling policy (off-policy) and of the reference
-    (KL term) when the estimator needs them."""
+    (KL term) when the estimator needs them. `rollout_log_probs`: what the engine reported when it sampled
+    (NaN where unknown), for the rollout-vs-trainer mismatch and its correction."""
 
     input_ids: torch.Tensor
     labels: torch.Tensor
@@ -47,6 +60,7 @@ class TrainBatch:
     advantages: torch.Tensor
     old_log_probs: torch.Tensor | None = None
     reference_log_probs: torch.Tensor | None = None
+    rollout_log_probs: torch.Tensor | None = None
 
     def __post_init__(self):
         n = self.input_ids.shape[0]
@@ -54,7 +68,7 @@ class TrainBatch:
                 self.advantages.shape not in ((n,), self.labels.shape)):
             raise ValueError("input_ids, labels, response_mask must share one (N, T) shape and advantages be (N,) "
                              "or (N, T)")
-        for name in ("old_log_probs", "reference_log_probs"):
+        for name in ("old_log_probs", "reference_log_probs", "rollout_log_probs"):
             value = getattr(self, name)
             if value is not None and value.shape != self.labels.shape:
                 raise ValueError(f"{name} has shape {tuple(value.shape)}; the batch has {tuple(self.labels.shape)}")
@@ -96,9 +110,10 @@ def _microbatches(rows: list[int], input_ids: torch.Tensor, response_mask: torch
 @torch.no_grad()
 def score_log_probs(model, input_ids, labels, response_mask, microbatch_size: int, precision: str = "fp32",
                     rows: list[int] | None = None, share_prefix: bool = True, temperature: float = 1.0,
-                    return_token_entropy: bool = False):
+                    return_token_entropy: bool = False, vocab: int | None = None):
     """Log-probs (N, T) of the response tokens under `model` at `temperature`, without gradient (old policy,
-    reference); rows not in `rows` are left at 0. With `return_token_entropy`, (log-probs, entropy)."""
+    reference, teacher); rows not in `rows` are left at 0. With `return_token_entropy`, (log-probs, entropy).
+    `vocab`: over the first `vocab` token ids only (a teacher padded past the student's vocabulary)."""
     out = torch.zeros(labels.shape, dtype=torch.float32)
     entropy = torch.zeros(labels.shape, dtype=torch.float32) if return_token_entropy else None
     rows = list(range(labels.shape[0])) if rows is None else rows
@@ -111,12 +126,15 @@ def score_log_probs(model, input_ids, labels, response_mask, microbatch_size: in
         with autocast(precision, model):
             lp = get_response_log_probs(model, input_ids[idx, :w], labels[idx, :w], return_token_entropy,
                                         positions=response_mask[idx, :w], share_prefix=share_prefix,
-                                        temperature=temperature)
+                                        temperature=temperature, vocab=vocab)
         out[idx, :w] = lp["log_probs"].float().cpu()
         if entropy is not None:
             entropy[idx, :w] = lp["token_entropy"].float().cpu()
     model.train(was_training)
     return (out, entropy) if return_token_entropy else out
+
+
+_CORRECTION_SUMS = ("tokens", "known_tokens", "mismatch_k3", "outside_band", "weight_sum", "capped", "masked")
 
 
 class _UpdateStats:
@@ -126,19 +144,21 @@ class _UpdateStats:
         self.tokens = self.sequences = 0
         self.entropy = self.kl = self.ratio_sum = self.clip_sum = self.ratio_weight = 0.0
         self.ratio_min, self.ratio_max = math.inf, -math.inf
-        self.is_sum = self.is_capped = self.teacher_kl = 0.0
-        self.is_max = -math.inf
+        self.teacher_kl = 0.0
+        self.corrected = False  # a rollout correction weighted the loss
+        self.correction = dict.fromkeys(_CORRECTION_SUMS, 0.0)
+        self.is_max = self.mismatch_max = -math.inf
 
     def add(self, mask: torch.Tensor, entropy: torch.Tensor, meta: dict, kl: torch.Tensor | None,
-            is_weight: torch.Tensor | None = None, is_cap: float | None = None,
-            teacher_kl: torch.Tensor | None = None) -> None:
+            correction: dict | None = None, teacher_kl: torch.Tensor | None = None) -> None:
         tokens = int(mask.sum())
         if teacher_kl is not None:
             self.teacher_kl += float((teacher_kl.detach() * mask).sum())
-        if is_weight is not None and tokens:
-            self.is_sum += float(is_weight[mask].sum())
-            self.is_capped += float((is_weight[mask] >= is_cap).sum())
-            self.is_max = max(self.is_max, float(is_weight[mask].max()))
+        if correction is not None and tokens:
+            for name in _CORRECTION_SUMS:
+                self.correction[name] += float(correction[name])
+            self.is_max = max(self.is_max, float(correction["weight_max"]))
+            self.mismatch_max = max(self.mismatch_max, float(correction["max_abs_log_ratio"]))
         self.tokens += tokens
         self.sequences += mask.shape[0]
         self.entropy += float((entropy * mask).sum())
@@ -156,14 +176,16 @@ class _UpdateStats:
     def reduce(self, parallel, extra: list[float]) -> list[float]:
         """The whole group's statistics on every rank (data-parallel learners), in one sum and one max; `extra`
         are more numbers to sum in the same collective, returned summed."""
-        sums = ("tokens", "sequences", "entropy", "kl", "ratio_sum", "clip_sum", "ratio_weight", "is_sum", "is_capped",
-                "teacher_kl")
-        summed = parallel.sum_floats([float(getattr(self, name)) for name in sums] + list(extra))
+        sums = ("tokens", "sequences", "entropy", "kl", "ratio_sum", "clip_sum", "ratio_weight", "teacher_kl")
+        summed = parallel.sum_floats([float(getattr(self, name)) for name in sums]
+                                     + [self.correction[name] for name in _CORRECTION_SUMS] + list(extra))
         for name, value in zip(sums, summed):
             setattr(self, name, int(value) if name in ("tokens", "sequences") else value)
-        low, high, self.is_max = parallel.max_floats([-self.ratio_min, self.ratio_max, self.is_max])
+        self.correction = dict(zip(_CORRECTION_SUMS, summed[len(sums):]))
+        low, high, self.is_max, self.mismatch_max = parallel.max_floats(
+            [-self.ratio_min, self.ratio_max, self.is_max, self.mismatch_max])
         self.ratio_min, self.ratio_max = -low, high
-        return summed[len(sums):]
+        return summed[len(sums) + len(_CORRECTION_SUMS):]
 
     def metadata(self, grad_norm: float, kept: int, n: int, microbatches: int, spec: EstimatorSpec) -> dict:
         out = {"grad_norm": grad_norm, "trained_rollouts": kept, "trained_tokens": self.tokens,
@@ -177,9 +199,14 @@ class _UpdateStats:
             out["kl"] = self.kl / self.tokens
         if spec.exact_distill and self.tokens:
             out["teacher_kl_exact"] = self.teacher_kl / self.tokens  # per trained token, over the vocabulary (its direction)
-        if self.is_max > -math.inf and self.tokens:
-            out.update(is_weight_mean=self.is_sum / self.tokens, is_weight_max=self.is_max,
-                       is_capped_fraction=self.is_capped / self.tokens)
+        c = self.correction
+        if c["known_tokens"]:  # the engine's sampling log-probs were known: the mismatch with the trainer
+            out.update(mismatch_kl=c["mismatch_k3"] / c["known_tokens"], mismatch_max_abs_log_ratio=self.mismatch_max,
+                       mismatch_outside_band_fraction=c["outside_band"] / c["known_tokens"],
+                       mismatch_tokens=c["known_tokens"])
+        if self.corrected and c["tokens"]:
+            out.update(is_weight_mean=c["weight_sum"] / c["tokens"], is_weight_max=self.is_max,
+                       is_capped_fraction=c["capped"] / c["tokens"], is_masked_fraction=c["masked"] / c["tokens"])
         return out
 
 
@@ -205,7 +232,7 @@ def policy_gradient_update(
     share_prefix: bool = True,
     temperature: float = 1.0,
     parallel=None,
-    tis_cap: float | None = None,
+    rollout_correction: RolloutCorrection | None = None,
     teacher=None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One optimizer step of `spec`'s estimator on the N rollouts of `batch`.
@@ -216,10 +243,11 @@ def policy_gradient_update(
     Gradients left on the model by the caller are discarded first: the step is exactly this batch's.
     `parallel` (an rlvr.parallel.DataParallel): this process is one of M data-parallel learners holding the
     same batch; it backpropagates its shard of the rows and the gradients are summed over the group, so the
-    step equals the single-process one. `tis_cap`: truncated importance sampling for rollouts sampled by an
-    older (or differently rounded) policy: each token's loss is weighted by min(pi / pi_old, tis_cap), detached,
-    with `batch.old_log_probs` the sampling-time log-probs (asynchronous RL). In old_log_probs, NaN marks a
-    token whose sampling log-prob is unknown; the live policy's stands in (ratio 1). `teacher`: the frozen
+    step equals the single-process one. `rollout_correction`: with `batch.rollout_log_probs` (what the engine
+    reported when it sampled; NaN where unknown), each token's loss is weighted by the correction of
+    `rlvr.estimators.rollout_correction_weights` for the gap between that sampler (its numerics, in async RL
+    its older weights) and the trainer's old policy (the live policy for the first update of a rollout batch,
+    `old_log_probs` after it); the mismatch is reported whenever rollout_log_probs is known. `teacher`: the frozen
     teacher of `spec.distill_kl` reverse / forward, whose exact per-token KL (weighted by `spec.distill`) joins each
     token's loss. Returns the whole batch's
     loss (the sum of the backpropagated microbatch losses) and metadata; its entropy (`trained_token_entropy`)
@@ -232,9 +260,9 @@ def policy_gradient_update(
         raise ValueError("beta > 0 needs reference_log_probs")
     if spec.exact_distill and teacher is None:
         raise ValueError(f"distill_kl={spec.distill_kl!r} needs the teacher model (teacher=)")
-    if (spec.needs_old_log_probs or tis_cap is not None) and batch.old_log_probs is None and not on_policy_ratio:
-        raise ValueError(f"importance_reweighting_method={spec.importance_reweighting_method!r}"
-                         f"{' (tis_cap)' if tis_cap is not None else ''} needs old_log_probs")
+    if spec.needs_old_log_probs and batch.old_log_probs is None and not on_policy_ratio:
+        raise ValueError(f"importance_reweighting_method={spec.importance_reweighting_method!r} needs old_log_probs")
+    correction = rollout_correction or RolloutCorrection("none")
     mask_all = batch.response_mask
     normalizer = whole_batch_normalizer(spec.loss_normalization, mask_all, spec.normalization_constant)
     microbatch_size = math.ceil(n / gradient_accumulation_steps)
@@ -248,6 +276,8 @@ def policy_gradient_update(
     model.train()
     device = input_device(model)  # the batch lives on the CPU; each microbatch's part goes to the model
     total_loss, stats, diverged = torch.zeros((), device=device), _UpdateStats(), False
+    # decided for the whole batch, not per microbatch: every data-parallel rank reports the same metrics
+    stats.corrected = correction.mode != "none" and batch.rollout_log_probs is not None
     for mb in _microbatches(kept, batch.input_ids, mask_all, microbatch_size):
         idx, w = torch.tensor(mb), int(widths[mb].max())
         mask = mask_all[idx, :w].to(device, non_blocking=True)
@@ -265,13 +295,15 @@ def policy_gradient_update(
             on_device(batch.old_log_probs).to(log_probs.dtype) if batch.old_log_probs is not None else None)
         if old is not None and not on_policy_ratio:
             old = torch.where(torch.isnan(old), log_probs.detach(), old)
-        is_weight = None
-        if tis_cap is not None:
-            is_weight = torch.exp(log_probs.detach() - old).clamp(max=tis_cap).masked_fill(~mask, 0.0)
-            old = None if not spec.needs_old_log_probs else old
+        weights = None
+        if batch.rollout_log_probs is not None:
+            # the policy the rollouts should have come from: pi_old, or the live policy where there is none
+            weights, corr = rollout_correction_weights(
+                old if old is not None else log_probs.detach(), on_device(batch.rollout_log_probs).to(log_probs.dtype),
+                mask, correction.mode, correction.cap, correction.band)
         per_token, meta = policy_loss(spec, batch.advantage_columns(idx, w).to(device), log_probs, old, mask)
-        if is_weight is not None:
-            per_token = per_token * is_weight
+        if weights is not None and correction.mode != "none":
+            per_token = per_token * weights
         if spec.exact_distill:
             per_token = per_token + spec.distill * scored["teacher_kl"]
         kl = None
@@ -282,7 +314,8 @@ def policy_gradient_update(
         loss = loss * microbatch_loss_scale(spec.loss_normalization, len(mb), n)
         loss.backward()
         total_loss += loss.detach()
-        stats.add(mask, scored["token_entropy"], meta, kl, is_weight, tis_cap, scored.get("teacher_kl"))
+        stats.add(mask, scored["token_entropy"], meta, kl, corr if weights is not None else None,
+                  scored.get("teacher_kl"))
 
     microbatches = math.ceil(len(kept) / microbatch_size) if kept else 0
     if parallel is not None:  # every learner reaches this, diverged or not, before any of them gives up
