@@ -41,10 +41,10 @@ def _eval(cfg: DemoConfig, model: str, out: Path, baseline: bool = False, limit:
     return run_eval(eval_cfg)
 
 
-# Each stage's share of a whole demo's time, measured on the 2-core machine of docs/experiment_log.md: the
-# estimate of what is left before the first stage has finished
-_SHARES = {"prompting baseline": 0.12, "baseline eval": 0.05, "sft": 0.30, "sft eval": 0.13, "grpo": 0.27,
-           "grpo eval": 0.13}
+# Each stage's share of a whole demo's time (2026-12-04, AMD EPYC, 2 cores, 896 s in all): what is left is
+# estimated from the stages done so far and these shares
+_SHARES = {"prompting baseline": 0.08, "baseline eval": 0.03, "sft": 0.26, "sft eval": 0.11, "grpo": 0.41,
+           "grpo eval": 0.11}
 
 
 class _Stages:
@@ -145,8 +145,8 @@ def _run_demo(cfg: DemoConfig) -> list[dict]:
     if prompting is not None:
         _print([(f"{cfg.baseline_dataset}, prompting", prompting)],
                f"{cfg.baseline_dataset} test, first {cfg.baseline_limit} questions, greedy, no training")
-        print(f"(why it is shown: with the r1_zero prompt alone the default model almost never writes the "
-              f"<answer> format its grader needs, which is what the SFT stage teaches)")
+        print("(why it is shown: with the r1_zero prompt alone the default model almost never writes the\n"
+              "<answer> format its grader needs; teaching it that format is the SFT stage's job)")
     _print(rows, f"{cfg.dataset} test accuracy, {cfg.eval_limit} questions, greedy")
     reused = f"; reused from an earlier run: {', '.join(stages.reused)}" if stages.reused else ""
     print(f"\nthe demo took {total / 60:.1f} min (stage times in results.md{reused})")
@@ -202,6 +202,7 @@ def _figure(rows, out: Path) -> Path | None:
     """results.png: test accuracy before and after (95 % intervals), and GRPO's training reward by step."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     from rlvr.tracking import read_jsonl
 
@@ -220,6 +221,7 @@ def _figure(rows, out: Path) -> Path | None:
     if steps:
         curve.plot([r["step"] for r in steps], [r["train/reward"] for r in steps], marker="o", markersize=3)
         curve.set_ylim(0, 1)
+    curve.xaxis.set_major_locator(MaxNLocator(integer=True))
     curve.set_xlabel("GRPO step")
     curve.set_ylabel("mean reward of the step's rollouts")
     curve.set_title("GRPO: reward while training", fontsize=10)
