@@ -140,6 +140,9 @@ def test_mistakes_get_one_line_in_rlvrs_words(tmp_path):
     line = error("train", "--config", "configs/grpo_arithmetic.yaml", "out=runs/x")
     assert "runs/sft_arithmetic/final: no such directory" in line
     assert "run `rlvr sft --config configs/sft_arithmetic.yaml` first" in line
+    assert "did you mean 'grpo'?" in error("train", "algorithm=grop")
+    assert "did you mean 'r1_zero'?" in error("train", "prompt=r1zero")
+    assert "did you mean 'gsm8k'?" in error("train", "dataset=gsm8", "out=runs/y")
     assert not (tmp_path / "runs").exists()  # a command that failed its checks leaves nothing behind
     code, out = rlvr("--version", cwd=tmp_path)
     assert code == 0 and out.startswith("rlvr ")

@@ -312,4 +312,8 @@ def get_preset(name: str) -> EstimatorSpec:
         if not isinstance(target, EstimatorSpec):
             raise ValueError(f"algorithm={name!r} names a {type(target).__name__}, not an EstimatorSpec")
         return target.validate()
-    raise ValueError(f"unknown algorithm {name!r}; valid: {', '.join(PRESETS)}, or module:spec / file.py:spec")
+    import difflib
+
+    close = difflib.get_close_matches(name, list(PRESETS), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ValueError(f"unknown algorithm {name!r}; {hint}valid: {', '.join(PRESETS)}, or module:spec / file.py:spec")

@@ -357,8 +357,11 @@ def load_dataset(
             rows = load_jsonl(name, question_field, answer_field, solution_field)
         rows = _holdout(rows, split, seed)
     else:
-        raise DataError(f"unknown dataset {name!r}; valid: gsm8k, arithmetic[:steps=N,max=M], code[:level=N], "
-                        "or a .jsonl path")
+        import difflib
+
+        close = difflib.get_close_matches(name.split(":")[0], ["gsm8k", "arithmetic", "code"], n=1, cutoff=0.6)
+        raise DataError(f"unknown dataset {name!r}; {f'did you mean {close[0]!r}? ' if close else ''}valid: gsm8k, "
+                        "arithmetic[:steps=N,max=M], code[:level=N], or a .jsonl path")
     if limit is not None:
         if limit < 1:
             raise DataError(f"limit must be >= 1; got {limit}")

@@ -89,7 +89,11 @@ def get_prompt(name: str) -> PromptTemplate:
     if name == "code_chat":
         return PromptTemplate(name, "{question}\n\n" + CODE_CHAT_INSTRUCTION, stop=CODE_STOP, reward="code_tests",
                               chat=True)
-    raise ValueError(f"unknown prompt {name!r}; valid: {', '.join(PROMPTS)}")
+    import difflib
+
+    close = difflib.get_close_matches(name, PROMPTS, n=1, cutoff=0.6)
+    raise ValueError(f"unknown prompt {name!r}; {f'did you mean {close[0]!r}? ' if close else ''}"
+                     f"valid: {', '.join(PROMPTS)}")
 
 
 PROMPTS = ("question_only", "r1_zero", "r1_zero_three_shot", "chat", "code", "code_chat")

@@ -337,12 +337,12 @@ def train_grpo(cfg: TrainConfig) -> dict:
 
         return train_distributed(cfg)
     where = placement(cfg)  # a device this machine lacks stops the run here, before anything is written
-    run_dir = start_run(cfg)
-    cfg = native_precision(cfg, where)
     ckpt.seed_everything(cfg.seed)
     prompt, spec = get_prompt(cfg.prompt), cfg.estimator
     train = load_split(cfg, "train", cfg.train_limit)
     val = load_split(cfg, "validation", cfg.eval_limit)
+    run_dir = start_run(cfg)  # (after the data's checks: a run that cannot start leaves no directory behind)
+    cfg = native_precision(cfg, where)
     reward_fn = build_reward_fn(cfg, prompt.reward)
     model, tokenizer, state = load_policy(cfg, run_dir, where.policy)
     optimizer, scheduler = build_optimizer(model, cfg, cfg.steps * spec.steps_per_rollout)
