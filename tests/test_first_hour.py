@@ -157,3 +157,32 @@ def test_none_on_the_command_line_is_a_choice_where_it_is_one():
     assert (cfg.baseline, cfg.advantage_normalizer, cfg.rollout_correction.mode) == ("none", "none", "none")
     assert cfg.teacher is None and cfg.cliprange is None
     assert load_config(DemoConfig, None, ["baseline_dataset=none"]).baseline_dataset is None
+
+
+@pytest.mark.skipif(os.name != "posix", reason="Ctrl-C is SIGINT here")
+def test_ctrl_c_in_the_demo_stops_inside_a_stage_and_the_demo_continues_there(tmp_path, model_dir):
+    out = tmp_path / "demo"
+    args = ["demo", f"model={model_dir}", "dataset=arithmetic:steps=1,max=9", f"out={out}", "eval_limit=3",
+            "eval_max_new_tokens=4", "sft_steps=2", "sft_batch_size=2", "grpo_steps=40", "rollout_batch_size=4",
+            "group_size=2", "max_new_tokens=4", "baseline_dataset=none", "untrained_eval_limit=2"]
+    proc, log = _start(tmp_path, *args)
+    metrics = out / "grpo" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 120
+        while not (metrics.is_file() and metrics.read_text().count("\n") >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "run.log").read_text()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    last = (tmp_path / "run.log").read_text().strip().splitlines()[-1]
+    assert last.startswith("interrupted after step ") and "Run the same `rlvr demo`" in last, last
+    stopped = int(last.split("interrupted after step ")[1].split()[0])
+    code, output = rlvr(*args, cwd=tmp_path)
+    assert code == 0, output
+    assert "stage 4 of 5: grpo [" in output and "reused from an earlier run: baseline eval, sft, sft eval" in output
+    steps = [r["step"] for r in read_jsonl(metrics)]
+    assert steps == list(range(1, 41)) and 2 <= stopped < 40  # one history, continued inside the stage
