@@ -197,3 +197,15 @@ def test_a_bf16_engine_keeps_ropes_inv_freq_in_fp32_and_the_angles_exact(tiny_mo
             exact = positions * value
             assert torch.allclose(positions * copy[name], exact, atol=1e-3)
             assert (positions * value.to(torch.bfloat16).float() - exact).abs().max() > 0.05  # what bf16 did
+
+
+def test_progress_is_told_as_each_completion_finishes(tiny_model, tokenizer):
+    """The eval bar moves per completion (issue 41), not once per generation batch: rows that stop at different
+    steps of one batch are reported as they stop."""
+    calls = []
+    engine = HFEngine(tiny_model, tokenizer, batch_size=64)
+    out = engine.generate(["1+1="], SamplingParams(max_new_tokens=30, n=16, seed=1, stop=tuple("abcdefgh")),
+                          progress=calls.append)
+    lengths = {len(c.token_ids) for c in out}
+    assert len(lengths) > 1  # the rows stopped at different steps
+    assert sum(calls) == 16 and len(calls) > 1 and len(calls) == len(lengths)

@@ -323,11 +323,9 @@ class HFEngine:
         for c in range(0, len(order), per_chunk):
             chunk = order[c : c + per_chunk]
             for comp in self._generate_chunk([encoded[i] for i in chunk], [prompts[i] for i in chunk], sampling,
-                                             decoder):
+                                             decoder, progress):
                 comp.prompt_index = chunk[comp.prompt_index]
                 results[comp.prompt_index * sampling.n + comp.sample_index] = comp
-            if progress is not None:
-                progress(len(chunk) * sampling.n)
         self.stats["seconds"] += time.perf_counter() - start
         return results  # type: ignore[return-value]
 
@@ -340,7 +338,8 @@ class HFEngine:
         return out.logits[:, -1, :].float()
 
     def _generate_chunk(self, encoded: list[list[int]], prompts: list[str], sampling: SamplingParams,
-                        decoder: decode_llama.LlamaDecoder | None = None) -> list[Completion]:
+                        decoder: decode_llama.LlamaDecoder | None = None, progress=None) -> list[Completion]:
+        """One batch of prompts x n samples; `progress(k)` is told as rows finish (a bar moves per completion)."""
         device = input_device(self.model)
         n, width = sampling.n, max(len(ids) for ids in encoded)
         input_ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long)
@@ -400,6 +399,7 @@ class HFEngine:
             if rows.seen is not None:
                 rows.seen.scatter_(1, next_tokens.unsqueeze(-1), True)
             next_list = next_tokens.tolist()
+            finished_now = 0
             for j, row in enumerate(rows.index.tolist()):
                 if not active[j]:
                     continue
@@ -420,6 +420,9 @@ class HFEngine:
                     finish[row] = "length"
                 if finish[row] is not None:
                     active[j] = False
+                    finished_now += 1
+            if progress is not None and finished_now:
+                progress(finished_now)
             if not active.any():
                 break
             done = int((~active).sum())
