@@ -77,6 +77,26 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
 NONE_IS_A_CHOICE = ("baseline", "advantage_normalizer", "importance_reweighting_method")
 
 
+def _field(cls: type[BaseConfig], name: str):
+    """The field called `name` (or whose alias is `name`), or None."""
+    return cls.model_fields.get(name) or next((f for f in cls.model_fields.values() if f.alias == name), None)
+
+
+def _section(field) -> type[BaseConfig] | None:
+    """The config class of a section field (`distributed`, `async`, ...), else None."""
+    kind = getattr(field, "annotation", None)
+    return kind if isinstance(kind, type) and issubclass(kind, BaseConfig) else None
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`; a section given in both is merged field by field (`distributed.learners=2`
+    changes one field of the section)."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = {**out[key], **value} if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def _none_means(cls: type[BaseConfig], extra: dict[str, Any]) -> dict[str, Any]:
     """`key=none` on the command line: the string "none" where it is one of the field's choices (a Literal with
     "none", `baseline=none`, ...), else None (unset: `teacher=none`, `baseline_dataset=none`)."""
@@ -88,10 +108,9 @@ def _none_means(cls: type[BaseConfig], extra: dict[str, Any]) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for key, value in extra.items():
-        field = cls.model_fields.get(key) or next((f for f in cls.model_fields.values() if f.alias == key), None)
-        if isinstance(value, dict) and field is not None and isinstance(field.annotation, type) \
-                and issubclass(field.annotation, BaseConfig):
-            out[key] = _none_means(field.annotation, value)
+        field = _field(cls, key)
+        if isinstance(value, dict) and _section(field) is not None:
+            out[key] = _none_means(_section(field), value)
         elif isinstance(value, str) and value.lower() == "none":
             out[key] = "none" if field is not None and (key in NONE_IS_A_CHOICE or takes_none(field)) else None
         else:
@@ -107,7 +126,7 @@ def _describe(error: ValidationError, source: str) -> str:
         field = ".".join(str(p) for p in item["loc"])
         message = item["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
         if item["type"] == "extra_forbidden":
-            lines.append(f"{source}: {unknown_field(field.rsplit('.', 1)[-1], [])}" if "." not in field
+            lines.append(f"{source}: {unknown_field(field, [])}" if "." not in field
                          else f"{source}: {field!r} is not a field of its section")
             continue
         value = item.get("input")
@@ -144,13 +163,9 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: list[st
         where = source if set(unknown) & set(data) else "command line"
         raise ConfigError(f"{where}: " + "; ".join(unknown_field(name, _public_names(cls)) for name in unknown)
                           + f" (`rlvr <command> --help` lists the fields)")
-    for key, value in extra.items():  # `distributed.learners=2` changes one field of the section
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **value}
-        else:
-            data[key] = value
+    data = _merge(data, extra)
     if data.get("resume") is True and "resume" in cls.model_fields and "out" in cls.model_fields:
-        data = _resumed(cls, data, extra, source)
+        data = _resumed(cls, data, source)
     try:
         return cls.model_validate(data)
     except ValidationError as err:
@@ -188,7 +203,7 @@ def _same_setting(a, b) -> bool:
     return False
 
 
-def _resumed(cls: type[C], data: dict, extra: dict, source: str) -> dict:
+def _resumed(cls: type[C], data: dict, source: str) -> dict:
     """resume=true continues the run in `out` with the settings it was started with (its config.yaml): the
     fields given now are checked against them, and one that would change the run is refused, naming its saved
     and its new value. `steps` may be raised (to extend a run); RESUME_FREE may differ."""
@@ -202,9 +217,7 @@ def _resumed(cls: type[C], data: dict, extra: dict, source: str) -> dict:
     except (yaml.YAMLError, ValidationError) as err:
         raise ConfigError(f"{saved_path}: the run's saved settings do not load ({str(err).splitlines()[0]}); "
                           "resume cannot check what this run was") from None
-    merged = dict(saved)
-    for key, value in data.items():
-        merged[key] = {**merged[key], **value} if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+    merged = _merge(saved, data)
     try:
         after = cls.model_validate(merged)
     except ValidationError as err:
@@ -245,13 +258,10 @@ def _nest(cls: type[BaseConfig], extra: dict[str, Any]) -> dict[str, Any]:
         if not dot:
             out[key] = value
             continue
-        field = cls.model_fields.get(head) or next((f for f in cls.model_fields.values() if f.alias == head), None)
-        section = getattr(field, "annotation", None) if field is not None else None
-        if not (isinstance(section, type) and issubclass(section, BaseConfig)):
+        section = _section(_field(cls, head))
+        if section is None:
             raise ConfigError(f"command line: {key!r}: {head!r} is not a section of {cls.__name__} (sections: "
-                              + ", ".join(f.alias or n for n, f in cls.model_fields.items()
-                                          if isinstance(f.annotation, type) and issubclass(f.annotation, BaseConfig))
-                              + ")")
+                              + ", ".join(f.alias or n for n, f in cls.model_fields.items() if _section(f)) + ")")
         if rest.partition(".")[0] not in section.model_fields:
             raise ConfigError("command line: " + unknown_field(key, [f"{head}.{n}" for n in section.model_fields]))
         out.setdefault(head, {})[rest] = value
@@ -262,8 +272,8 @@ def fields_help(cls: type[BaseConfig]) -> str:
     """A field list for --help: name, type/default, description."""
     lines = []
     for name, field in cls.model_fields.items():
-        section = field.annotation
-        if isinstance(section, type) and issubclass(section, BaseConfig):  # distributed.learners=1 ...
+        section = _section(field)
+        if section is not None:  # distributed.learners=1 ...
             lines += [f"{field.alias or name}.{line}" for line in fields_help(section).split("\n\n")]
             continue
         default = field.default if field.default is not None else "None"

@@ -451,8 +451,8 @@ def rollout_correction_weights(
 
     The engine samples with its own numerics (a bf16 copy, other kernels) and, in asynchronous RL, from older
     weights, so a rollout comes from mu, not from pi_old, the policy the importance weight w_t of eq. 48 and
-    the clip of eq. 57-60 are centred on (seed 004 assumes they are one policy). Per token, rho_t = pi_old(o_t) / mu(o_t) = exp(old - rollout); per sequence,
-    rho = prod_t rho_t over its response. The weight multiplies each token's policy-gradient loss:
+    the clip of eq. 57-60 are centred on (seed 004 assumes they are one policy). Per token,
+    rho_t = pi_old(o_t) / mu(o_t) = exp(old - rollout); per sequence, rho = prod_t rho_t over its response. The weight multiplies each token's policy-gradient loss:
 
         token_tis       min(rho_t, cap)                  truncated importance sampling, per token
         sequence_tis    min(rho, cap)                    the same on the sequence's ratio
@@ -492,11 +492,12 @@ def rollout_correction_weights(
         weight, capped, masked = torch.ones_like(rho), torch.zeros_like(mask), torch.zeros_like(mask)
     weight = weight.masked_fill(~mask, 0.0).detach()
     k3 = (rho - 1 - log_ratio).masked_fill(~known, 0.0)
+    # log_ratio is 0 where unknown and the weight 0 off the mask (and >= 0): whole-tensor sums and maxima are the
+    # masked ones, with no boolean indexing or `.any()` that would synchronise with the device
     meta = {
         "tokens": mask.sum(), "known_tokens": known.sum(), "mismatch_k3": k3.sum(),
-        "max_abs_log_ratio": log_ratio.abs().masked_fill(~known, 0.0).max() if known.any() else log_ratio.new_zeros(()),
-        "outside_band": (known & ((rho < low) | (rho > high))).sum(),
-        "weight_sum": weight[mask].sum(), "weight_max": weight[mask].max() if mask.any() else weight.new_zeros(()),
+        "max_abs_log_ratio": log_ratio.abs().amax(), "outside_band": (known & ((rho < low) | (rho > high))).sum(),
+        "weight_sum": weight.sum(), "weight_max": weight.amax(),
         "capped": (capped & mask).sum(), "masked": (masked & mask).sum(),
     }
     return weight, meta

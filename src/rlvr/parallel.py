@@ -75,8 +75,8 @@ class Group:
 
     def close(self) -> None:
         """Leave the group once every rank has reached here (a rank that tears its connections down while a peer
-        is still in its last collective fails the peer's), and free it: see init_learner_group for what used
-        to keep the default group alive past destroy_process_group."""
+        is still in its last collective fails the peer's), and free it (the comment on this module's
+        `import torch.distributed.nn` says what used to keep the default group alive past destroy_process_group)."""
         if self.pg is None:
             if dist.is_initialized():
                 dist.barrier()

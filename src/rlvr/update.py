@@ -145,7 +145,7 @@ class _UpdateStats:
         self.entropy = self.kl = self.ratio_sum = self.clip_sum = self.ratio_weight = 0.0
         self.ratio_min, self.ratio_max = math.inf, -math.inf
         self.teacher_kl = 0.0
-        self.corrected = False  # a rollout correction weighted the loss
+        self.corrected = False  # a rollout correction weighted the loss (set by the update, for the whole batch)
         self.correction = dict.fromkeys(_CORRECTION_SUMS, 0.0)
         self.is_max = self.mismatch_max = -math.inf
 
@@ -155,10 +155,14 @@ class _UpdateStats:
         if teacher_kl is not None:
             self.teacher_kl += float((teacher_kl.detach() * mask).sum())
         if correction is not None and tokens:
-            for name in _CORRECTION_SUMS:
-                self.correction[name] += float(correction[name])
-            self.is_max = max(self.is_max, float(correction["weight_max"]))
-            self.mismatch_max = max(self.mismatch_max, float(correction["max_abs_log_ratio"]))
+            # one transfer from the device for all of them, not one per number
+            *sums, weight_max, ratio_max = torch.stack([correction[name].float() for name in _CORRECTION_SUMS]
+                                                       + [correction["weight_max"].float(),
+                                                          correction["max_abs_log_ratio"].float()]).tolist()
+            for name, value in zip(_CORRECTION_SUMS, sums):
+                self.correction[name] += value
+            self.is_max = max(self.is_max, weight_max)
+            self.mismatch_max = max(self.mismatch_max, ratio_max)
         self.tokens += tokens
         self.sequences += mask.shape[0]
         self.entropy += float((entropy * mask).sum())
