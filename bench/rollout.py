@@ -77,16 +77,37 @@ def run_generate(model, tokenizer, prompts: list[str], samples: int, max_new_tok
     return sum(count_generated(r, eos_ids, tokenizer) for r in rows), seconds
 
 
-def run_engine(engine, prompts: list[str], samples: int, max_new_tokens: int, seed: int) -> tuple[int, float]:
+def run_engine(engine, prompts: list[str], samples: int, max_new_tokens: int, seed: int,
+               logprobs: bool = True, outputs: dict | None = None) -> tuple[int, float]:
+    """`logprobs`: ask for the sampling log-probs, as `rlvr train` does; `outputs`: where to keep what was
+    generated, by seed (the --before check compares them)."""
     from rlvr.rollout import SamplingParams
 
     engine.batch_size = len(prompts) * samples  # every row decoded together
     sampling = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=max_new_tokens, stop=(STOP,), n=samples,
-                              seed=seed)
+                              seed=seed, logprobs=logprobs)
     start = time.perf_counter()
     completions = engine.generate(prompts, sampling)
     seconds = time.perf_counter() - start
+    if outputs is not None:
+        outputs[seed, len(prompts), samples] = [(c.token_ids, c.text, c.finish_reason, c.logprobs) for c in completions]
     return sum(len(c.token_ids) for c in completions), seconds
+
+
+def engine_at(rev: str):
+    """rlvr.hf_engine as it was at git revision `rev`, imported beside today's (same rlvr package under it)."""
+    import importlib.util
+    import subprocess
+    import tempfile
+
+    source = subprocess.run(["git", "show", f"{rev}:src/rlvr/hf_engine.py"], check=True, capture_output=True,
+                            text=True, cwd=Path(__file__).resolve().parents[1]).stdout
+    path = Path(tempfile.mkdtemp()) / f"hf_engine_{rev.replace('/', '_')}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def parse_cases(batches: str, groups: str) -> list[tuple[str, int, int]]:
@@ -108,6 +129,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=cores())
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--smoke", action="store_true", help="tiny: batch 2 and 2x2, 8 new tokens, 1 repeat")
+    parser.add_argument("--before", metavar="REV", help="also run the engine as it was at git revision REV (its "
+                        "rows are named '... @REV'), check both give the same completions, print now / REV")
+    parser.add_argument("--no-generate", action="store_true", help="skip the model.generate rows")
     args = parser.parse_args()
     if args.smoke:
         args.batches, args.groups, args.max_new_tokens, args.repeats = "2", "2x2", 8, 1
@@ -124,10 +148,18 @@ def main() -> None:
     model.eval()
     generators = {"generate fp32": model}
     engines = {"generate fp32": None, "rlvr fp32": HFEngine(model, tokenizer)}
+    old = engine_at(args.before) if args.before else None
+    if old:
+        engines[f"rlvr fp32 @{args.before}"] = old.HFEngine(model, tokenizer)
     if not args.no_bf16:
         generators["generate bf16"] = copy.deepcopy(model).to(torch.bfloat16).eval()
         engines["generate bf16"] = None
         engines["rlvr bf16"] = HFEngine(model, tokenizer, dtype="bfloat16")
+        if old:
+            engines[f"rlvr bf16 @{args.before}"] = old.HFEngine(model, tokenizer, dtype="bfloat16")
+    if args.no_generate:
+        engines = {k: v for k, v in engines.items() if v is not None}
+    outputs = {name: {} for name in engines}
     cases = parse_cases(args.batches, args.groups)
     info = machine()
     print(f"machine: {info}")
@@ -136,7 +168,7 @@ def main() -> None:
     def call(name, prompts, samples, max_new_tokens, seed):
         if engines[name] is None:
             return run_generate(generators[name], tokenizer, prompts, samples, max_new_tokens, seed)
-        return run_engine(engines[name], prompts, samples, max_new_tokens, seed)
+        return run_engine(engines[name], prompts, samples, max_new_tokens, seed, outputs=outputs[name])
 
     warm_prompts, _ = gsm8k_prompts(2)
     for name in engines:  # first calls pay one-off costs (allocator, kernels); keep them out of the numbers
@@ -166,10 +198,18 @@ def main() -> None:
     ratios = {}
     for label, _, _ in cases:
         by = {r["engine"]: r for r in results if r["case"] == label}
-        pairs = [("rlvr fp32", "generate fp32"), ("rlvr bf16", "generate bf16"), ("rlvr bf16", "generate fp32")]
+        pairs = [("rlvr fp32", "generate fp32"), ("rlvr bf16", "generate bf16"), ("rlvr bf16", "generate fp32"),
+                 *[(f"rlvr {d}", f"rlvr {d} @{args.before}") for d in ("fp32", "bf16") if args.before]]
         ratios[label] = {f"{a} / {b}": by[a]["tokens_per_s"] / by[b]["tokens_per_s"] for a, b in pairs
                          if a in by and b in by}
         print(f"{label}: " + ", ".join(f"{name} tokens/s ratio {v:.2f}" for name, v in ratios[label].items()))
+    if args.before:
+        for d in ("fp32", "bf16"):
+            now, then = outputs.get(f"rlvr {d}"), outputs.get(f"rlvr {d} @{args.before}")
+            if now is not None and then is not None:
+                same = now == then
+                print(f"rlvr {d} vs @{args.before}: completions (ids, text, finish, log-probs) "
+                      f"{'identical' if same else 'DIFFER'} in {len(now)} calls")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": info, "args": vars(args), "results": results,
                                                "ratios": ratios}, indent=2))

@@ -88,25 +88,34 @@ def test_two_learners_in_the_loop_make_the_local_updates(tmp_path, model_dir):
         torch.testing.assert_close(_weights(dist)[key], value, atol=1e-5, rtol=0, msg=key)
 
 
-def test_resume_after_a_kill_continues_exactly(tmp_path, model_dir, crash_at):
-    kw = {"distributed.rollout_workers": 1, "save_every": 2, "steps": 4}
+def _straight_and_killed(tmp_path, model_dir, crash_at, kw, inspect=lambda killed: None):
+    """A straight run, and one killed at step 3 (after its step-2 checkpoint; `inspect(killed)` then) and resumed."""
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     train_module.train_grpo(_cfg(model_dir, straight, **kw))
     undo = crash_at(3)
     with pytest.raises(KeyboardInterrupt):
         train_module.train_grpo(_cfg(model_dir, killed, **kw))
     undo()
+    inspect(killed)
     train_module.train_grpo(_cfg(model_dir, killed, resume=True, **kw))
+    return straight, killed
+
+
+def test_resume_after_a_kill_continues_exactly(tmp_path, model_dir, crash_at):
+    straight, killed = _straight_and_killed(tmp_path, model_dir, crash_at, {"distributed.rollout_workers": 1,
+                                                                            "save_every": 2, "steps": 4})
     assert _metrics(killed) == _metrics(straight)
 
 
 def test_asynchronous_mode_keeps_staleness_within_its_bound(tmp_path, model_dir):
     out = tmp_path / "async"
-    train_module.train_grpo(_cfg(model_dir, out, steps=5, **{"distributed.rollout_workers": 2,
-                                                             "async.max_staleness": 1}))
+    # two optimizer steps a rollout batch: K=1 bounds the versions (batches), so up to 2 optimizer steps
+    train_module.train_grpo(_cfg(model_dir, out, steps=5, algorithm="offpolicy_clip", steps_per_rollout=2,
+                                 **{"distributed.rollout_workers": 2, "async.max_staleness": 1}))
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if "async/staleness" in r]
     assert len(rows) == 5
     assert all(0 <= r["async/staleness"] <= 1 for r in rows)
+    assert all(r["async/staleness_optimizer_steps"] == 2 * r["async/staleness"] for r in rows)
     assert any(r["async/staleness"] == 1 for r in rows)  # the pipeline really overlapped
     last = rows[-1]
     assert last["async/staleness_0"] + last["async/staleness_1"] == 5
@@ -117,6 +126,126 @@ def test_asynchronous_mode_keeps_staleness_within_its_bound(tmp_path, model_dir)
     # a random tiny model writes invalid UTF-8, whose re-tokenised text differs from the sampled bytes; the
     # sampled ids are trained, so every row keeps its sampling-time log-probs
     assert all(r["async/behaviour_unknown_rows"] == 0 for r in rows)
+
+
+def _questions_by_step(out):
+    by_step: dict = {}
+    for row in read_jsonl(out / "rollouts.jsonl"):
+        by_step.setdefault(row["step"], []).append(row["question"])
+    return by_step
+
+
+def test_batches_in_flight_at_a_checkpoint_are_generated_again_on_resume(tmp_path, model_dir, crash_at):
+    # one worker and K=1: batch t is always the one trained at step t, so each step's questions are known; the
+    # checkpoint after step 2 is written while batch 3 is generating
+    kw = {"distributed.rollout_workers": 1, "async.max_staleness": 1, "save_every": 2, "steps": 4,
+          "log_rollouts_every": 1}
+
+    def in_flight_at_the_checkpoint(killed):
+        state = torch.load(killed / "checkpoints" / "step_000002" / "trainer_state.pt", weights_only=False)
+        assert [index for index, _ in state["driver"]["in_flight"]] == [3]
+
+    straight, killed = _straight_and_killed(tmp_path, model_dir, crash_at, kw, in_flight_at_the_checkpoint)
+    assert _questions_by_step(killed) == _questions_by_step(straight)  # batch 3's questions are not skipped
+    rows = [r for r in read_jsonl(killed / "metrics.jsonl") if "async/staleness" in r]
+    assert [r["async/requeued_batches"] for r in rows] == [0, 0, 1, 1]
+
+
+class _PushFails(cluster.RolloutWorker):
+    def set_weights(self, weights, version):
+        if version >= 2:
+            raise OSError("no space left on device")
+        return super().set_weights(weights, version)
+
+
+@pytest.mark.timeout(180)
+def test_a_failed_weight_push_stops_an_async_run_naming_it(tmp_path, model_dir, monkeypatch):
+    # the worker would go on generating with the step-1 weights, every batch too stale to train: no end
+    import sys
+
+    from ray import cloudpickle
+
+    this = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(this)  # the actors cannot import this test module: ship _PushFails
+    monkeypatch.setattr(cluster, "RolloutWorker", _PushFails)
+    cfg = _cfg(model_dir, tmp_path / "run", steps=6, **{"distributed.rollout_workers": 1, "async.max_staleness": 1})
+    try:
+        with pytest.raises(cluster.RoleFailed,
+                           match=r"rollout worker 0 raised \(sending the step-2 weights\).*no space"):
+            train_module.train_grpo(cfg)
+    finally:
+        cloudpickle.unregister_pickle_by_value(this)
+
+
+def test_a_request_the_cluster_cannot_hold_fails_at_once_saying_what_it_has(tmp_path, model_dir):
+    # the test cluster has 4 CPUs and no GPU; Ray alone would wait for resources that never come
+    cfg = _cfg(model_dir, tmp_path / "run", **{"distributed.rollout_workers": 1, "distributed.learners": 2,
+                                               "distributed.learner_num_cpus": 3})
+    with pytest.raises(cluster.RoleFailed, match=r"infeasible: CPU: asked for 7, the cluster has 4 \(2 learners x 3 CPU"):
+        cluster.Roles(cfg)
+    cfg = _cfg(model_dir, tmp_path / "run", **{"distributed.rollout_workers": 1, "distributed.rollout_num_gpus": 1})
+    with pytest.raises(cluster.RoleFailed, match=r"GPU: asked for 1, the cluster has 0; no node has a rollout worker's"):
+        cluster.Roles(cfg)
+    # enough in total, but split over two nodes: a learner needs one node with 6 CPUs
+    nodes = [{"Alive": True, "Resources": {"CPU": 4.0}}, {"Alive": True, "Resources": {"CPU": 4.0}},
+             {"Alive": False, "Resources": {"CPU": 64.0}}]
+    cfg = _cfg(model_dir, tmp_path / "run", **{"distributed.rollout_workers": 1, "distributed.learner_num_cpus": 6})
+    with pytest.raises(cluster.RoleFailed, match=r"no node has a learner's 6 CPU \+ 0 GPU"):
+        cluster.check_feasible(cfg, nodes)
+    cluster.check_feasible(cfg.model_copy(update={"distributed": cfg.distributed.model_copy(
+        update={"learner_num_cpus": 4.0})}), nodes)
+
+
+def test_learners_wait_for_their_placement_group_no_longer_than_its_timeout(tmp_path, model_dir):
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    busy = placement_group([{"CPU": 3}])  # another job holds 3 of the 4 CPUs
+    ray.get(busy.ready(), timeout=30)
+    try:
+        cfg = _cfg(model_dir, tmp_path / "run", **{"distributed.rollout_workers": 1, "distributed.learners": 2,
+                                                   "distributed.ready_timeout_s": 1})
+        with pytest.raises(cluster.RoleFailed, match=r"could not place 2 learners x \{'CPU': 1.0\} within "
+                                                      r"distributed.ready_timeout_s=1 s"):
+            cluster.Roles(cfg)
+    finally:
+        remove_placement_group(busy)
+
+
+_SHIPPED = """
+import json, sys
+import ray
+from rlvr.config import TrainConfig
+env, payload, elsewhere = json.loads(sys.argv[1])
+ray.init(num_cpus=1, include_dashboard=False, runtime_env=env)
+
+@ray.remote
+def spec_name(payload):  # a worker process, with neither the file's directory on its path nor its path
+    assert elsewhere not in sys.path
+    return TrainConfig.model_validate(payload).estimator.advantage  # "rloo": registered by the shipped file
+
+print(ray.get(spec_name.remote(payload), timeout=120))
+"""
+
+
+def test_a_file_estimator_travels_to_nodes_that_do_not_have_it(tmp_path, model_dir):
+    import json
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    est = tmp_path / "elsewhere" / "my_rloo.py"
+    est.parent.mkdir()
+    shutil.copy(Path(__file__).parents[1] / "examples" / "custom_estimator.py", est)
+    cfg = _cfg(model_dir, tmp_path / "run", **{"distributed.rollout_workers": 1, "algorithm": f"{est}:RLOO"})
+    env, actor_cfg = cluster.shipped(cfg)
+    assert actor_cfg.algorithm == "my_rloo:RLOO" and str(est) in env["py_modules"]
+    payload = actor_cfg.model_dump(mode="json", by_alias=True)
+    # runtime_env uploads only at ray.init (job level): a Ray of its own, from another directory
+    run = subprocess.run([sys.executable, "-c", _SHIPPED, json.dumps([env, payload, str(est.parent)])],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-1] == cfg.estimator.advantage == "rloo"
 
 
 def test_sampled_log_probs_land_on_the_response_positions():

@@ -23,6 +23,11 @@ def test_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
     last = [line for line in result.output.splitlines() if line.strip()][-1]
     assert (out / "results.png").stat().st_size > 10_000 and str(out / "results.png") in last, last
     assert "test accuracy" in result.output
+    # the figure's curve: the GRPO stage validated from step 0 (the SFT model) to its end, labelled as validation
+    from rlvr.tracking import read_jsonl
+
+    assert [r["step"] for r in read_jsonl(out / "grpo" / "metrics.jsonl") if "val/accuracy" in r] == [0, 1]
+    assert "validation accuracy during GRPO (100 validation questions, greedy): " in result.output
     timings = json.loads((out / "timings.json").read_text())
     assert list(timings) == ["prompting baseline", "baseline eval", "sft", "sft eval", "grpo", "grpo eval"]
     table = (out / "results.md").read_text()
@@ -50,3 +55,13 @@ def test_a_demo_directory_of_other_settings_is_refused_not_reused(tmp_path, mode
     result = CliRunner().invoke(app, ["demo", f"model={model_dir}", f"out={out}"])
     assert result.exit_code != 0
     assert "holds a demo run with other settings" in result.output and "dataset" in result.output
+
+
+def test_the_curves_interval_is_wilsons_inside_zero_and_one():
+    from rlvr.demo import _wilson
+
+    lo, hi = _wilson(0.0, 10)  # 0 of 10: the normal interval would be [0, 0]
+    assert lo == 0.0 and abs(hi - 0.27754) < 1e-5
+    lo, hi = _wilson(0.5, 100)
+    assert abs(lo - 0.40383) < 1e-5 and abs(hi - 0.59617) < 1e-5
+    assert _wilson(1.0, 10)[1] == 1.0

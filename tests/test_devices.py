@@ -192,3 +192,18 @@ def test_a_bf16_run_on_a_cpu_without_bf16_kernels_is_the_fp32_run_and_records_it
     assert _metrics(tmp_path / "bf16") == _metrics(tmp_path / "fp32")
     saved = load_config(TrainConfig, path=tmp_path / "bf16" / "config.yaml")
     assert (saved.precision, saved.generation_dtype) == ("bf16", "bfloat16")
+
+
+def test_frozen_models_load_in_the_dtype_the_policy_computes_in(model_dir):
+    # issue 35.4: a KL reference / teacher kept in fp32 on a GPU doubles its memory for nothing when the policy
+    # runs under bf16 autocast (every matmul rounds the weights to bf16 anyway); on the CPU fp32 stays
+    import torch
+
+    from rlvr.loop_common import frozen_dtype, load_frozen
+
+    assert frozen_dtype("bf16", "cuda:0") == frozen_dtype("bf16", torch.device("cuda", 1)) == "bfloat16"
+    assert frozen_dtype("fp32", "cuda:0") == frozen_dtype("bf16", "cpu") == frozen_dtype("fp32", "cpu") == "float32"
+    model, _ = load_frozen(str(model_dir), "cpu", "bfloat16")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert not model.training and not any(p.requires_grad for p in model.parameters())
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32  # buffers keep their own dtype

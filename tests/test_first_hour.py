@@ -114,6 +114,39 @@ def test_sigterm_stops_a_run_the_same_way(tmp_path, model_dir):
     _interrupt(tmp_path, tmp_path / "run", model_dir, signal.SIGTERM, 20)
 
 
+@pytest.mark.skipif(os.name != "posix", reason="Ctrl-C is SIGINT here")
+@pytest.mark.timeout(600)
+def test_ctrl_c_stops_a_distributed_run_the_same_way(tmp_path, model_dir):
+    """Ctrl-C in a terminal reaches every process of its group, the Ray roles' too: the driver still finishes
+    the step in flight, learner rank 0 saves it, one line says so, and its command continues the run."""
+    pytest.importorskip("ray")
+    run = tmp_path / "run"
+    args = ["train", *_overrides(model=model_dir, out=run, steps=12, save_every=0, async_max_staleness=1),
+            "distributed.rollout_workers=1"]
+    args = [a.replace("async_max_staleness", "async.max_staleness") for a in args]
+    proc, log = _start(tmp_path, *args, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text().count("\n") >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "run.log").read_text()
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: the whole foreground process group
+        assert proc.wait(timeout=180) == 130, (tmp_path / "run.log").read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+    output = (tmp_path / "run.log").read_text()
+    last = output.strip().splitlines()[-1]
+    assert "Traceback" not in output and last.startswith("interrupted after step "), output[-3000:]
+    step = int(last.split("interrupted after step ")[1].split()[0])
+    assert 2 <= step < 12 and (run / "checkpoints" / f"step_{step:06d}").is_dir()
+    code, out = rlvr(*last.split("Continue with: ")[1].split()[1:], cwd=tmp_path, timeout=600)
+    assert code == 0, out
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "async/staleness" in r]
+    assert [r["step"] for r in rows] == list(range(1, 13))  # every step once: none lost, none repeated
+
+
 def test_mistakes_get_one_line_in_rlvrs_words(tmp_path):
     import shutil
     from pathlib import Path
@@ -169,7 +202,7 @@ def test_ctrl_c_in_the_demo_stops_inside_a_stage_and_the_demo_continues_there(tm
     metrics = out / "grpo" / "metrics.jsonl"
     try:
         deadline = time.monotonic() + 120
-        while not (metrics.is_file() and metrics.read_text().count("\n") >= 2):
+        while not (metrics.is_file() and metrics.read_text().count("\n") >= 3):  # step 0's validation + 2 steps
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "run.log").read_text()
             time.sleep(0.02)
         proc.send_signal(signal.SIGINT)
@@ -185,4 +218,4 @@ def test_ctrl_c_in_the_demo_stops_inside_a_stage_and_the_demo_continues_there(tm
     assert code == 0, output
     assert "stage 4 of 5: grpo [" in output and "reused from an earlier run: baseline eval, sft, sft eval" in output
     steps = [r["step"] for r in read_jsonl(metrics)]
-    assert steps == list(range(1, 41)) and 2 <= stopped < 40  # one history, continued inside the stage
+    assert steps == list(range(0, 41)) and 2 <= stopped < 40  # one history (step 0: the SFT model's validation)

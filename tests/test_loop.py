@@ -155,11 +155,15 @@ def test_the_trained_response_is_the_sampled_ids_eos_included(tmp_path, model_di
     assert differs >= len(stopped)
 
 
-def test_every_step_measures_the_rollout_trainer_mismatch_and_corrects_it(tmp_path, model_dir):
+def test_every_step_measures_the_rollout_trainer_mismatch_and_corrects_it(tmp_path, model_dir, monkeypatch):
     """Issue 36 item 2: a synchronous run with a bf16 engine and an fp32 learner logs the mismatch of the
     engine's sampling log-probs against the trainer's, and weights the loss by the correction (default
     token_tis); with mode none it is measured and not applied."""
+    from rlvr import devices
     from rlvr.tracking import read_jsonl
+
+    # a CPU without native bf16 kernels runs a bf16 engine in fp32 (no mismatch to measure): keep it bf16 here
+    monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: True)
 
     runs = {}
     for mode in ("token_tis", "none"):

@@ -268,6 +268,20 @@ def test_paths_are_made_absolute_on_the_driver(tmp_path, monkeypatch):
     assert absolute_paths(TrainConfig(model="SmolLM2-135M-Instruct")).model == "SmolLM2-135M-Instruct"
 
 
+def test_a_role_on_a_node_without_the_drivers_model_directory_stops_naming_it(tmp_path, monkeypatch):
+    import ray
+
+    from rlvr.cluster import check_model_here
+    from rlvr.config import TrainConfig
+
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "10.0.0.7")
+    (tmp_path / "m").mkdir()
+    check_model_here(TrainConfig(model=str(tmp_path / "m")), "learner rank 1")  # there
+    check_model_here(TrainConfig(model="SmolLM2-135M-Instruct"), "learner rank 1")  # a name each node resolves
+    with pytest.raises(RuntimeError, match=r"rollout worker 0 on node 10.0.0.7: model=/nfs/x does not exist there"):
+        check_model_here(TrainConfig(model="/nfs/x"), "rollout worker 0")
+
+
 _THREADS_AFTER_CLOSE = r"""
 import os, socket, sys, time
 import torch

@@ -209,3 +209,57 @@ def test_progress_is_told_as_each_completion_finishes(tiny_model, tokenizer):
     lengths = {len(c.token_ids) for c in out}
     assert len(lengths) > 1  # the rows stopped at different steps
     assert sum(calls) == 16 and len(calls) > 1 and len(calls) == len(lengths)
+
+
+def _bpe_tokenizer():
+    """A byte-level BPE tokenizer trained here on a few lines, so tokens span several characters (">", "</",
+    "answer>" ...), as in a real model's vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    text = ["<think> 2+3 is 5 </think> <answer> 5 </answer>", "é è ü 漢字 -> answer>>", "x = 12 * 3\n\nso 36"] * 20
+    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<eos>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+
+
+def _first_stop(ids, tokenizer, stop, eos_ids):
+    """The rule the engine implements, checked at every token: a row ends with the first token that is an end
+    token or after which the text of its last (longest stop + 2) tokens holds a stop string."""
+    longest = max(len(s) for s in stop)
+    for k in range(1, len(ids) + 1):
+        if ids[k - 1] in eos_ids or any(s in tokenizer.decode(ids[max(0, k - longest - 2) : k]) for s in stop):
+            return k
+    return None
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bpe"])
+def test_stop_strings_matched_on_token_ids_end_every_row_where_decoding_every_step_would(kind, tokenizer):
+    # the engine decodes a row's tail only when its new token can complete a stop string (issue 35.7); the rows
+    # must end exactly where checking the text after every token ends them, multi-byte characters included
+    from conftest import make_model
+
+    tok = tokenizer if kind == "bytes" else _bpe_tokenizer()
+    engine = HFEngine(make_model(len(tok), seed=3), tok, batch_size=12)
+    engine.eos_ids = [tok.eos_token_id]
+    prompts = ["<answer> 5", "é漢 ->", "x = 12"]
+    free = engine.generate(prompts, SamplingParams(max_new_tokens=40, n=4, seed=5, logprobs=True, entropy=True))
+    texts = [c.text for c in free]
+    wide = next(ch for t in texts for ch in t if ord(ch) > 127 and ch != "\ufffd")  # several bytes, several ids
+    spaced = next(t[i - 2 : i + 1] for t in texts for i in range(2, len(t)) if t[i] == " ")
+    for stop in [(wide,), (texts[0][6:9], texts[5][20:22]), (spaced,), ("</answer>", ">")]:
+        cut = engine.generate(prompts, SamplingParams(max_new_tokens=40, n=4, seed=5, stop=stop, logprobs=True,
+                                                      entropy=True))
+        ended = 0
+        for f, c in zip(free, cut):
+            k = _first_stop(f.token_ids, tok, stop, engine.eos_ids)
+            assert c.token_ids == f.token_ids[: k or 40], (stop, f.text)
+            assert c.finish_reason == ("stop" if k else "length")
+            # rows leaving the batch at other steps change its shape, which may round the last bits differently
+            assert c.logprobs == pytest.approx(f.logprobs[: len(c.token_ids)], abs=1e-6)
+            assert c.entropies == pytest.approx(f.entropies[: len(c.token_ids)], abs=1e-6)
+            ended += k is not None and f.token_ids[k - 1] not in engine.eos_ids
+        assert ended >= 1, stop  # the stop string really cut a row short

@@ -18,7 +18,11 @@ reach every worker before the next generate (Ray runs an actor's calls in the or
 Asynchronous mode (async.max_staleness=K >= 1): workers generate the next batches with the weights they have
 while the learners train. A batch is submitted only when it will be trained at most K versions after the
 weights it is generated with (batches in flight + the one training <= K), and a batch older than K when its turn
-comes (batches finishing out of order) is dropped and counted. As in every mode, pi_old is the learner's policy
+comes (batches finishing out of order) is dropped and counted. Weight pushes are not waited for, but each
+step collects the finished ones and raises a failed push's error (or one not applied within timeout_s): a
+worker left on old weights would make only batches too stale to train. The batches in flight when a checkpoint
+is written are part of it, and a resumed run generates them again before drawing new questions
+(async/requeued_batches), so no question is skipped. As in every mode, pi_old is the learner's policy
 before the batch's first update (decoupled PPO) and the workers' sampling log-probs enter through
 rollout_correction.* (truncated or masked importance sampling of pi_old / mu).
 
@@ -44,8 +48,8 @@ from rlvr import rl
 from rlvr.config import TrainConfig
 from rlvr.data import DataOrder, load_split
 from rlvr.devices import actor_device, native_dtype, resolve_placement
-from rlvr.loop_common import (build_optimizer, load_policy, native_precision, open_logger, restore, start_run,
-                              trainer_state, validate)
+from rlvr.loop_common import (StopRequests, build_optimizer, load_policy, native_precision, open_logger, restore,
+                              start_run, trainer_state, validate)
 from rlvr.prompts import get_prompt
 from rlvr.rl import (Rollouts, RunMonitor, _reference_model, _step_metrics, _timed, log_step, next_questions,
                      rollout_sampling, score_rollouts, train_on_rollouts, validation_due)
@@ -79,11 +83,12 @@ class RolloutWorker:
         from rlvr.models import load_model
 
         self.cfg = TrainConfig.model_validate(cfg)
+        check_model_here(self.cfg, f"rollout worker {index}")
         _threads(self.cfg.distributed.rollout_num_cpus)
         self.device = device = _actor_device(self.cfg, self.cfg.distributed.rollout_num_gpus, "distributed.rollout_num_gpus")
-        model, self.tokenizer = load_model(self.cfg.model, device=device)
-        self.engine = HFEngine(model, self.tokenizer, batch_size=self.cfg.generation_batch_size,
-                               dtype=native_dtype(self.cfg.generation_dtype, device))
+        dtype = native_dtype(self.cfg.generation_dtype, device)  # loaded in it: no fp32 copy beside the engine's
+        model, self.tokenizer = load_model(self.cfg.model, dtype=dtype, device=device)
+        self.engine = HFEngine(model, self.tokenizer, batch_size=self.cfg.generation_batch_size, dtype=dtype)
         self.index, self.version = index, -1
 
     def set_weights(self, weights: dict, version: int) -> int:
@@ -139,6 +144,7 @@ class Learner:
         directory, which this learner must see (a shared filesystem)."""
         cfg = self.cfg
         check_shared_run_dir(Path(cfg.out), run_token, f"learner rank {self.rank}")
+        check_model_here(cfg, f"learner rank {self.rank}")
         self.device = device = _actor_device(cfg, cfg.distributed.learner_num_gpus, "distributed.learner_num_gpus")
         if self.world_size > 1:
             from rlvr.parallel import init_learner_group
@@ -159,7 +165,7 @@ class Learner:
             self.parallel.same_on_every_rank("the checkpoint step it resumed from", state["step"] if state else 0)
         if state is None:
             return None
-        return {k: state[k] for k in ("step", "epoch", "position", "monitor")}
+        return {**{k: state[k] for k in ("step", "epoch", "position", "monitor")}, "driver": state.get("driver", {})}
 
     def train(self, batch, step: int) -> dict:
         times: dict[str, float] = {}
@@ -190,9 +196,10 @@ class Learner:
         # from the device the policy lives on: no GPU -> CPU -> GPU trip
         self.weight_group.broadcast_(list(engine_weights(self.model, self.cfg.generation_dtype, self.device).values()))
 
-    def save_checkpoint(self, step: int, order: DataOrder, monitor: dict) -> str:
-        return str(ckpt.save_checkpoint(self.run_dir, step, self.model, self.tokenizer,
-                                        trainer_state(self.optimizer, self.scheduler, order, monitor=monitor),
+    def save_checkpoint(self, step: int, order: DataOrder, monitor: dict, driver: dict | None = None) -> str:
+        """`driver`: the driver loop's own state (async mode: the batches in flight, re-queued on resume)."""
+        state = trainer_state(self.optimizer, self.scheduler, order, monitor=monitor, driver=driver or {})
+        return str(ckpt.save_checkpoint(self.run_dir, step, self.model, self.tokenizer, state,
                                         keep=self.cfg.keep_checkpoints))
 
     def save_final(self, summary: dict) -> str:
@@ -234,6 +241,18 @@ def check_shared_run_dir(run_dir: Path, token: str, who: str) -> None:
                            " `out` must be on a filesystem every node shares")
 
 
+def check_model_here(cfg: TrainConfig, who: str) -> None:
+    """A model the driver found as a local directory (absolute_paths made it absolute) must be on this node
+    too: nothing copies gigabytes of weights between nodes, so say so before transformers fails obscurely."""
+    for field in ("model", "teacher"):
+        value = getattr(cfg, field, None)
+        if value and Path(value).is_absolute() and not Path(value).exists():
+            import ray
+
+            raise RuntimeError(f"{who} on node {ray.util.get_node_ip_address()}: {field}={value} does not exist "
+                               "there; put it on a filesystem every node shares (or name a hub model)")
+
+
 def absolute_paths(cfg: TrainConfig) -> TrainConfig:
     """`out`, and `model` / `teacher` / a file estimator when they name local paths, made absolute on the driver:
     Ray actors do not start in the driver's directory."""
@@ -248,6 +267,39 @@ def absolute_paths(cfg: TrainConfig) -> TrainConfig:
     return cfg.model_copy(update=update)
 
 
+def shipped(cfg: TrainConfig) -> tuple[dict, TrainConfig]:
+    """(runtime_env for ray.init, the config the actors get) for a cluster this process joins: nodes other than
+    the driver's have neither this checkout nor a user's estimator file, so rlvr's code and the file travel with
+    the job (Ray's py_modules, uploaded once), and the actors import the file as the module it ships as."""
+    import rlvr
+
+    modules = [str(Path(rlvr.__file__).parent)]
+    path, sep, attr = cfg.algorithm.rpartition(":")
+    if sep and path.endswith(".py"):
+        modules.append(path)
+        cfg = cfg.model_copy(update={"algorithm": f"{Path(path).stem}:{attr}"})
+    return {"py_modules": modules, "env_vars": {"TOKENIZERS_PARALLELISM": "false"}}, cfg
+
+
+def check_feasible(cfg: TrainConfig, nodes: list[dict]) -> None:
+    """Fail at once, saying what was asked and what the cluster has, when Ray could never place the roles
+    (it would otherwise wait for resources that will not come). `nodes`: ray.nodes()."""
+    d = cfg.distributed
+    alive = [n["Resources"] for n in nodes if n.get("Alive", True)]
+    have = {k: sum(r.get(k, 0) for r in alive) for k in ("CPU", "GPU")}
+    roles = [("learner", d.learners, {"CPU": d.learner_num_cpus, "GPU": d.learner_num_gpus}),
+             ("rollout worker", d.rollout_workers, {"CPU": d.rollout_num_cpus, "GPU": d.rollout_num_gpus})]
+    asked = {k: sum(n * r[k] for _, n, r in roles) for k in ("CPU", "GPU")}
+    problems = [f"{k}: asked for {asked[k]:g}, the cluster has {have[k]:g}" for k in asked if asked[k] > have[k] + 1e-9]
+    for name, n, req in roles:  # every role must fit on some node
+        if n and not any(all(r.get(k, 0) + 1e-9 >= v for k, v in req.items()) for r in alive):
+            problems.append(f"no node has a {name}'s {req['CPU']:g} CPU + {req['GPU']:g} GPU")
+    if problems:
+        raise RoleFailed(f"infeasible: {'; '.join(problems)} ({d.learners} learners x {d.learner_num_cpus:g} CPU + "
+                         f"{d.learner_num_gpus:g} GPU, {d.rollout_workers} rollout workers x {d.rollout_num_cpus:g} CPU + "
+                         f"{d.rollout_num_gpus:g} GPU; distributed.*_num_cpus / *_num_gpus)")
+
+
 def start_ray(cfg: TrainConfig) -> bool:
     """Join `distributed.address` or start a local Ray with enough CPUs for every role; True if started here."""
     import ray
@@ -255,8 +307,8 @@ def start_ray(cfg: TrainConfig) -> bool:
     d = cfg.distributed
     if ray.is_initialized():
         return False
-    if d.address:
-        ray.init(address=d.address, log_to_driver=True)
+    if d.address:  # other nodes get rlvr's code and a file estimator from here (shipped)
+        ray.init(address=d.address, log_to_driver=True, runtime_env=shipped(cfg)[0])
         return True
     wanted = d.rollout_workers * d.rollout_num_cpus + d.learners * d.learner_num_cpus
     # logical CPUs: in synchronous mode the roles take turns, so a 2-core machine can host 2 workers + 2 learners
@@ -270,16 +322,34 @@ class Roles:
 
     def __init__(self, cfg: TrainConfig):
         import ray
+        from ray.exceptions import GetTimeoutError
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         d = cfg.distributed
-        payload = cfg.model_dump(mode="json", by_alias=True)
+        check_feasible(cfg, ray.nodes())
+        payload = (shipped(cfg)[1] if d.address else cfg).model_dump(mode="json", by_alias=True)
         worker_cls = ray.remote(num_cpus=d.rollout_num_cpus, num_gpus=d.rollout_num_gpus)(RolloutWorker)
         learner_cls = ray.remote(num_cpus=d.learner_num_cpus, num_gpus=d.learner_num_gpus)(Learner)
         self.cfg, self.run_dir = cfg, Path(cfg.out)
+        # the learners' resources reserved together, on one node where they fit (their all-reduce is the
+        # step's critical path); a request the cluster can hold but not now waits ready_timeout_s, no longer
+        bundle = {"CPU": d.learner_num_cpus, **({"GPU": d.learner_num_gpus} if d.learner_num_gpus else {})}
+        self.group = placement_group([bundle] * d.learners, strategy="PACK")
+        try:
+            ray.get(self.group.ready(), timeout=d.ready_timeout_s)
+        except GetTimeoutError:
+            ray.util.remove_placement_group(self.group)
+            raise RoleFailed(f"the cluster could not place {d.learners} learners x {bundle} within "
+                             f"distributed.ready_timeout_s={d.ready_timeout_s:g} s (available now: "
+                             f"{ray.available_resources()}); free resources or ask for fewer") from None
         self.workers = [worker_cls.remote(payload, i) for i in range(d.rollout_workers)]
-        self.learners = [learner_cls.remote(payload, r, d.learners) for r in range(d.learners)]
+        self.learners = [learner_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=self.group, placement_group_bundle_index=r)).remote(payload, r, d.learners)
+            for r in range(d.learners)]
         self.names = {**{w: f"rollout worker {i}" for i, w in enumerate(self.workers)},
                       **{a: f"learner rank {r}" for r, a in enumerate(self.learners)}}
+        self.pushes: list[tuple] = []  # weight pushes not yet collected: (ref, actor, version, time sent)
 
     def wait(self, refs: list, actors: list, what: str) -> list:
         """ray.get with the run's timeout; a failure names the role, what it was doing and the checkpoint."""
@@ -329,13 +399,35 @@ class Roles:
 
     def push_weights(self, version: int) -> None:
         """Learner rank 0's weights to every worker; each applies them before its next generate (Ray runs an
-        actor's calls in order). object_store: one put, one read per worker; broadcast: one collective."""
+        actor's calls in order). object_store: one put, one read per worker; broadcast: one collective.
+        The push is not waited for here (async mode overlaps it with generation): `check_pushes` collects it."""
         if self.cfg.distributed.weight_sync == "broadcast":
-            self.pending_sync = [self.learners[0].broadcast_weights.remote(),
-                                 *[w.receive_weights.remote(version) for w in self.workers]]
+            refs = [self.learners[0].broadcast_weights.remote(), *[w.receive_weights.remote(version) for w in self.workers]]
+            actors = self.learners[:1] + self.workers
+        else:
+            weights = self.learners[0].weights.remote()
+            refs, actors = [w.set_weights.remote(weights, version) for w in self.workers], list(self.workers)
+        self.pushes.extend((ref, actor, version, time.monotonic()) for ref, actor in zip(refs, actors))
+
+    def check_pushes(self, wait: bool = False) -> None:
+        """Raise the error of any weight push that failed (a worker left on old weights would make only batches
+        too stale to train, and the run would never end), and stop when one has not finished `timeout_s` after
+        it was sent. `wait`: wait for all of them (synchronous mode)."""
+        import ray
+
+        if wait:
+            for ref, actor, version, _ in self.pushes:
+                self.wait([ref], [actor], f"sending the step-{version} weights")
+            self.pushes.clear()
             return
-        weights = self.learners[0].weights.remote()
-        self.pending_sync = [w.set_weights.remote(weights, version) for w in self.workers]
+        done = set(ray.wait([p[0] for p in self.pushes], num_returns=len(self.pushes), timeout=0)[0]) if self.pushes else set()
+        for ref, actor, version, sent in list(self.pushes):
+            if ref in done:
+                self.wait([ref], [actor], f"sending the step-{version} weights")  # raises its error, if any
+                self.pushes.remove((ref, actor, version, sent))
+            elif time.monotonic() - sent > self.cfg.distributed.timeout_s:
+                raise RoleFailed(f"{self.names[actor]} has not applied the step-{version} weights "
+                                 f"{self.cfg.distributed.timeout_s:.0f} s after they were sent; {self._resume_hint()}")
 
     def train(self, batch, step: int) -> dict:
         refs = [a.train.remote(batch, step) for a in self.learners]
@@ -353,6 +445,7 @@ class Roles:
             pass
         for actor in self.workers + self.learners:
             ray.kill(actor)
+        ray.util.remove_placement_group(self.group)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -364,6 +457,7 @@ class _InFlight:
     """A rollout batch being generated: its data, the worker, the version of the weights it samples from."""
 
     index: int  # 1, 2, ...: the batch's place in submission order (its sampling seed)
+    ids: list[int]  # the questions' indices in the training split
     questions: list
     prompts: list[str]
     worker: object
@@ -406,20 +500,26 @@ def train_distributed(cfg: TrainConfig) -> dict:
             logger.log(0, roles.validate(val, 0))
         loop = _AsyncLoop if cfg.async_.max_staleness else _SyncLoop
         driver = loop(cfg, roles, train, order, prompt, tokenizer, reward_fn, spec, step)
+        driver.resume(state.get("driver", {}) if state else {})
         bar = tqdm(total=cfg.steps, initial=step, desc=f"train {cfg.algorithm} (ray)", unit="step")
         metrics: dict = {}
-        while step < cfg.steps:
-            rollouts, scored, result, times, extra = driver.step()
-            step = driver.step_count
-            metrics = {**_step_metrics(cfg, rollouts, scored, result["updates"], times, result["lr"]), **extra}
-            if validation_due(cfg, step):
-                with _timed(times, "validate"):
-                    metrics.update(roles.validate(val, step))
-                metrics["time/validate"] = times["validate"]
-            log_step(step, metrics, rollouts, scored, times, monitor, logger, bar, cfg)
-            if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
-                roles.wait([roles.learners[0].save_checkpoint.remote(step, order, monitor.state())],
-                           roles.learners[:1], f"saving the step-{step} checkpoint")
+
+        def save() -> str:  # learner rank 0 writes it; the batches in flight go in with the driver's state
+            return roles.wait([roles.learners[0].save_checkpoint.remote(step, order, monitor.state(),
+                                                                         driver.checkpoint_state())],
+                              roles.learners[:1], f"saving the step-{step} checkpoint")[0]
+
+        with StopRequests() as stop:  # Ctrl-C / SIGTERM: the step in flight finishes, is saved, one line says so
+            while step < cfg.steps:
+                rollouts, scored, result, times, extra = driver.step()
+                step = driver.step_count
+                metrics = {**_step_metrics(cfg, rollouts, scored, result["updates"], times, result["lr"]), **extra}
+                if validation_due(cfg, step):
+                    with _timed(times, "validate"):
+                        metrics.update(roles.validate(val, step))
+                    metrics["time/validate"] = times["validate"]
+                log_step(step, metrics, rollouts, scored, times, monitor, logger, bar, cfg)
+                stop.after_step(cfg, run_dir, step, "rlvr train", save, close=(bar.close, logger.close))
         bar.close()
         summary = {"steps": step, "algorithm": cfg.algorithm, **{k: v for k, v in metrics.items() if k.startswith("val/")}}
         final = roles.wait([roles.learners[0].save_final.remote(summary)], roles.learners[:1], "saving the model")[0]
@@ -439,6 +539,12 @@ class _SyncLoop:
         self.tokenizer, self.reward_fn, self.spec, self.step_count = tokenizer, reward_fn, spec, step
         self.idle = self.busy = 0.0  # seconds the learners waited for rollouts / trained and synced
 
+    def resume(self, state: dict) -> None:
+        """Synchronous mode keeps nothing between steps beyond the learners' checkpoint."""
+
+    def checkpoint_state(self) -> dict:
+        return {}
+
     def idle_fraction(self) -> dict:
         return {"time/learner_idle_fraction": self.idle / max(self.idle + self.busy, 1e-9)}
 
@@ -453,7 +559,8 @@ class _SyncLoop:
         result = self.train_and_sync(scored, step, times)
         self.idle += times["generate"] + times["score"]
         self.busy += times["train"] + times["sync_weights"]
-        return rollouts, scored, result, times, {"async/staleness": 0, **self.idle_fraction()}
+        return rollouts, scored, result, times, {"async/staleness": 0, "async/staleness_optimizer_steps": 0,
+                                                 **self.idle_fraction()}
 
     def generate(self, questions, prompts, step: int) -> Rollouts:
         workers = self.roles.workers
@@ -475,9 +582,7 @@ class _SyncLoop:
             result = self.roles.train(scored.batch, step)
         with _timed(times, "sync_weights"):
             self.roles.push_weights(step)
-            if wait:
-                self.roles.wait(self.roles.pending_sync, self.roles.learners[:1] + self.roles.workers,
-                                f"sending the step-{step} weights")
+            self.roles.check_pushes(wait=wait)
         for phase in ("old_logprobs", "reference"):
             if result["times"].get(phase):
                 times[phase] = result["times"][phase]
@@ -492,19 +597,45 @@ class _AsyncLoop(_SyncLoop):
         self.max_staleness = self.cfg.async_.max_staleness
         self.in_flight: list[_InFlight] = []
         self.submitted = self.step_count  # batch indices continue after a resume
-        self.dropped = 0
+        self.dropped = self.requeued = 0
         self.histogram: collections.Counter = collections.Counter()
+        self.requeue: list[tuple[int, list[int]]] = []  # (index, ids) of batches in flight at the checkpoint
+
+    def resume(self, state: dict) -> None:
+        """Continue from a checkpoint's driver state: the batches that were in flight when it was written had
+        drawn their questions but were not trained; they are generated again (same index, so the same sampling
+        seed, with the checkpoint's weights) before any new batch."""
+        if not state:
+            return
+        self.submitted, self.dropped = state["submitted"], state["dropped"]
+        self.histogram.update({int(k): v for k, v in state["histogram"].items()})
+        self.requeue = [(index, ids) for index, ids in state["in_flight"]]
+        self.requeued = state.get("requeued", 0) + len(self.requeue)
+        if self.requeue:
+            log.info("resume: %d batches that were generating at the checkpoint are generated again",
+                     len(self.requeue))
+
+    def checkpoint_state(self) -> dict:
+        pending = [[f.index, f.ids] for f in self.in_flight] + [[i, ids] for i, ids in self.requeue]
+        return {"submitted": self.submitted, "dropped": self.dropped, "requeued": self.requeued,
+                "histogram": {str(k): v for k, v in self.histogram.items()}, "in_flight": sorted(pending)}
 
     def _fill(self, training: int) -> None:
         """Submit batches while each would be trained at most K versions after the weights it gets (version
         step_count, the steps trained so far): the ones in flight and the one training are trained before it."""
-        while len(self.in_flight) + training <= self.max_staleness and self.submitted < self._last_index():
-            self.submitted += 1
-            questions, prompts = next_questions(self.train, self.order, self.prompt, self.tokenizer, self.cfg)
+        while len(self.in_flight) + training <= self.max_staleness and (self.requeue or
+                                                                         self.submitted < self._last_index()):
+            if self.requeue:
+                index, ids = self.requeue.pop(0)
+            else:
+                self.submitted += 1
+                index, ids = self.submitted, self.order.take(self.cfg.rollout_batch_size // self.cfg.group_size)
+            questions = [self.train[i] for i in ids]
+            prompts = [self.prompt.format(q.question, self.tokenizer) for q in questions]
             load = collections.Counter(f.worker for f in self.in_flight)
             worker = min(self.roles.workers, key=lambda w: load[w])
-            sampling = rollout_sampling(self.cfg, self.prompt, self.submitted)
-            self.in_flight.append(_InFlight(self.submitted, questions, prompts, worker, self.step_count,
+            sampling = rollout_sampling(self.cfg, self.prompt, index)
+            self.in_flight.append(_InFlight(index, ids, questions, prompts, worker, self.step_count,
                                             worker.generate.remote(prompts, sampling)))
 
     def _last_index(self) -> int:
@@ -526,6 +657,7 @@ class _AsyncLoop(_SyncLoop):
     def step(self):
         times: dict[str, float] = {}
         while True:
+            self.roles.check_pushes()  # a failed push would otherwise make every later batch too stale
             self._fill(training=0)
             waited = time.perf_counter()
             with _timed(times, "generate"):
@@ -547,7 +679,11 @@ class _AsyncLoop(_SyncLoop):
         result = self.train_and_sync(scored, step, times, wait=False)
         self.step_count = step
         self.busy += time.perf_counter() - busy
-        extra = {"async/staleness": staleness, "async/dropped_batches": self.dropped,
+        # staleness counts policy versions (rollout batches trained); each is steps_per_rollout optimizer steps
+        extra = {"async/staleness": staleness,
+                 "async/staleness_optimizer_steps": staleness * self.spec.steps_per_rollout,
+                 "async/dropped_batches": self.dropped,
+                 "async/requeued_batches": self.requeued,
                  "async/behaviour_unknown_rows": scored.unknown_rows, "async/in_flight": len(self.in_flight),
                  **self.idle_fraction(),
                  **{f"async/staleness_{k}": self.histogram[k] for k in range(self.max_staleness + 1)}}

@@ -174,7 +174,7 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: list[st
 
 # Fields a resumed run may change: none of them can change what the run computes.
 RESUME_FREE = ("resume", "out", "tensorboard", "wandb_project", "log_rollouts_every", "save_every", "keep_checkpoints",
-               "distributed.timeout_s")
+               "distributed.timeout_s", "distributed.ready_timeout_s")
 
 
 def _flat(data: dict, prefix: str = "") -> dict[str, Any]:
@@ -547,6 +547,8 @@ class DistributedConfig(BaseConfig):
                                                      "groups (auto: NCCL when every rank has a GPU, gloo when none has)")
     timeout_s: float = Field(1800.0, gt=0, description="longest wait for any role before the run stops with an "
                              "error naming it")
+    ready_timeout_s: float = Field(120.0, gt=0, description="longest wait for Ray to reserve the learners' "
+                                   "resources (a placement group) before the run stops saying what it asked for")
     weight_sync: Literal["object_store", "broadcast"] = Field(
         "object_store", description="object_store: learner rank 0 puts the weights once, each worker reads them "
         "(any node); broadcast: a torch.distributed group of learner 0 and the workers (NCCL on GPUs)")
@@ -822,6 +824,9 @@ class DemoConfig(BaseConfig):
     grpo_steps: int = Field(20, ge=1)
     grpo_algorithm: str = "grpo"
     grpo_learning_rate: float = Field(1e-5, gt=0)
+    grpo_eval_every: int = Field(5, ge=0, description="validate the GRPO policy every N steps, from step 0 (the "
+                                 "figure's curve; 0: never)")
+    grpo_eval_limit: int = Field(100, ge=1, description="validation questions of those checks (not the test ones)")
     rollout_batch_size: int = Field(64, ge=1)
     group_size: int = Field(8, ge=1)
     max_new_tokens: int = Field(96, ge=1)

@@ -6,7 +6,9 @@
     3. grpo       GRPO from the SFT checkpoint
     4. final      evaluate the SFT and GRPO models on the same test questions
     5. a before/after table with 95 % intervals (whole at 80 columns; every column in <out>/results.md) and a
-       figure, <out>/results.png: the accuracies with their intervals, and GRPO's reward by step
+       figure, <out>/results.png: the test accuracies with their intervals, and GRPO's validation accuracy
+       (on `grpo_eval_limit` validation questions, every `grpo_eval_every` steps, with its interval) and
+       training reward by step
 
 Every stage writes into its own directory under `out` and is skipped when it already finished there (keeping
 the time it took then); the training stages checkpoint every 10 steps and on Ctrl-C, so an interrupted demo
@@ -96,7 +98,8 @@ def _run_demo(cfg: DemoConfig) -> list[dict]:
         import yaml
 
         before = yaml.safe_load(saved.read_text()) or {}
-        changed = sorted(k for k, v in cfg.model_dump(mode="json").items() if before.get(k) != v)
+        # (a field added to the demo since that run is not a difference: its finished stages stay valid)
+        changed = sorted(k for k, v in cfg.model_dump(mode="json").items() if k in before and before[k] != v)
         if changed:
             raise FileExistsError(f"{out} holds a demo run with other settings ({', '.join(changed)}); its finished "
                                   "stages would be reused: pass another out=... or remove that directory")
@@ -131,8 +134,11 @@ def _run_demo(cfg: DemoConfig) -> list[dict]:
     grpo_cfg = load_config(TrainConfig, overrides=dict(
         model=sft_model, dataset=cfg.dataset, out=str(out / "grpo"), seed=cfg.seed, algorithm=cfg.grpo_algorithm,
         steps=cfg.grpo_steps, learning_rate=cfg.grpo_learning_rate, rollout_batch_size=cfg.rollout_batch_size,
-        group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens, eval_every=0, eval_at_start=False,
-        eval_at_end=False, save_every=10, keep_checkpoints=1, resume=True))
+        group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens, save_every=10, keep_checkpoints=1, resume=True,
+        # the figure's curve: validation questions (not the test ones of the table), greedy, from step 0
+        eval_every=cfg.grpo_eval_every, eval_at_start=bool(cfg.grpo_eval_every),
+        eval_at_end=bool(cfg.grpo_eval_every), eval_limit=cfg.grpo_eval_limit,
+        eval_max_new_tokens=cfg.eval_max_new_tokens))
     stages.run("grpo", finished(out / "grpo"), lambda: train_grpo(grpo_cfg))
     rows.append(("after SFT + GRPO", stages.run("grpo eval", finished(out / "eval_grpo"),
                                                 lambda: _eval(cfg, str(out / "grpo" / "final"), out / "eval_grpo"))))
@@ -148,6 +154,10 @@ def _run_demo(cfg: DemoConfig) -> list[dict]:
         print("(why it is shown: with the r1_zero prompt alone the default model almost never writes the\n"
               "<answer> format its grader needs; teaching it that format is the SFT stage's job)")
     _print(rows, f"{cfg.dataset} test accuracy, {cfg.eval_limit} questions, greedy")
+    curve = _validation_curve(out)
+    if curve:
+        print(f"validation accuracy during GRPO ({cfg.grpo_eval_limit} validation questions, greedy): "
+              + " -> ".join(f"{acc:.2f} (step {step})" for step, acc in curve))
     reused = f"; reused from an earlier run: {', '.join(stages.reused)}" if stages.reused else ""
     print(f"\nthe demo took {total / 60:.1f} min (stage times in results.md{reused})")
     print(f"wrote {out / 'results.md'}" + (f" and {figure}" if figure else ""))
@@ -157,6 +167,21 @@ def _run_demo(cfg: DemoConfig) -> list[dict]:
 def _interval(s: dict) -> float:
     p, n = s["accuracy"], s["n"]
     return 1.96 * math.sqrt(p * (1 - p) / n) if n else 0.0  # normal approximation of a binomial proportion
+
+
+def _wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson's interval of a proportion: inside [0, 1], and not empty at 0 or 1 correct (the normal one is)."""
+    centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _validation_curve(out: Path) -> list[tuple[int, float]]:
+    """(step, validation accuracy) of the GRPO stage's validations, step 0 (the SFT model) first."""
+    from rlvr.tracking import read_jsonl
+
+    metrics = out / "grpo" / "metrics.jsonl"
+    rows = read_jsonl(metrics) if metrics.is_file() else []
+    return sorted({r["step"]: r["val/accuracy"] for r in rows if "val/accuracy" in r}.items())
 
 
 _COLUMNS = ("stage", "accuracy", "95% interval", "format rate", "correct", "formatted, wrong", "unformatted",
@@ -198,8 +223,16 @@ def _print(rows, title: str) -> None:
     Console().print(table)
 
 
+def _grpo_eval_limit(out: Path) -> int:
+    """How many validation questions the GRPO stage validated on (its saved config)."""
+    import yaml
+
+    return int((yaml.safe_load((out / "grpo" / "config.yaml").read_text()) or {})["eval_limit"])
+
+
 def _figure(rows, out: Path) -> Path | None:
-    """results.png: test accuracy before and after (95 % intervals), and GRPO's training reward by step."""
+    """results.png: test accuracy before and after (95 % intervals), and GRPO's validation accuracy (its interval
+    clipped to [0, 1]) and training reward by step."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -219,12 +252,24 @@ def _figure(rows, out: Path) -> Path | None:
     metrics = out / "grpo" / "metrics.jsonl"
     steps = [r for r in read_jsonl(metrics) if "train/reward" in r] if metrics.is_file() else []
     if steps:
-        curve.plot([r["step"] for r in steps], [r["train/reward"] for r in steps], marker="o", markersize=3)
+        curve.plot([r["step"] for r in steps], [r["train/reward"] for r in steps], color="#999999", linewidth=1,
+                   label="training reward (the step's rollouts)")
+    validation = _validation_curve(out)
+    if validation:
+        n = _grpo_eval_limit(out)
+        x, p = [s for s, _ in validation], [a for _, a in validation]
+        bands = [_wilson(a, n) for a in p]
+        curve.fill_between(x, [lo for lo, _ in bands], [hi for _, hi in bands], color="#dd8452", alpha=0.25,
+                           linewidth=0)
+        curve.plot(x, p, color="#dd8452", marker="o", markersize=4,
+                   label=f"validation accuracy ({n} questions, Wilson 95% interval)")
+    if steps or validation:
         curve.set_ylim(0, 1)
+        curve.legend(fontsize=7, loc="lower right")
     curve.xaxis.set_major_locator(MaxNLocator(integer=True))
     curve.set_xlabel("GRPO step")
-    curve.set_ylabel("mean reward of the step's rollouts")
-    curve.set_title("GRPO: reward while training", fontsize=10)
+    curve.set_ylabel("accuracy / reward")
+    curve.set_title("GRPO: validation accuracy while training", fontsize=10)
     curve.grid(True, alpha=0.3)
     path = out / "results.png"
     fig.savefig(path, dpi=120)

@@ -25,8 +25,9 @@ from rlvr.config import DPOConfig
 from rlvr.data import DataError, DataOrder, Example, jsonl_rows, load_split
 from rlvr.estimators import dpo_loss
 from rlvr.devices import input_device
-from rlvr.loop_common import (StopRequests, build_engines, build_optimizer, fmt_metrics, load_frozen, load_policy,
-                              native_precision, open_logger, placement, restore, start_run, trainer_state, validate)
+from rlvr.loop_common import (StopRequests, build_engines, build_optimizer, fmt_metrics, frozen_dtype, load_frozen,
+                              load_policy, native_precision, open_logger, placement, restore, start_run, trainer_state,
+                              validate)
 from rlvr.policy import autocast, get_response_log_probs, tokenize_prompt_and_ids
 from rlvr.prompts import PromptTemplate, get_prompt
 from rlvr.rewards import get_reward_fn, rewards_and_metadata, score_batch
@@ -148,7 +149,7 @@ def dpo_update(model, optimizer, reference, pairs: list[Pair], prompt, tokenizer
 
 
 def _frozen_reference(cfg: DPOConfig, device):
-    return None if cfg.lora_rank > 0 else load_frozen(cfg.model, device)[0]  # LoRA: the adapter-free base
+    return None if cfg.lora_rank > 0 else load_frozen(cfg.model, device, frozen_dtype(cfg.precision, device))[0]  # LoRA: the adapter-free base
 
 
 # ----------------------------------------------------------------------------------------------------

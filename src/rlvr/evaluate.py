@@ -166,8 +166,9 @@ def run_eval(cfg: EvalConfig) -> dict:
     out = Path(cfg.out or f"runs/eval/{Path(cfg.model).name}-{cfg.prompt}-{cfg.split}")
     out.mkdir(parents=True, exist_ok=True)
     cfg.save(out / "config.yaml")
-    model, tokenizer = load_model(cfg.model, device=device)
-    engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size, dtype=native_dtype(cfg.dtype, device))
+    dtype = native_dtype(cfg.dtype, device)  # loaded in the engine's dtype: one copy of the weights
+    model, tokenizer = load_model(cfg.model, dtype=dtype, device=device)
+    engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size, dtype=dtype)
     sampling = sampling_params(cfg, stop=prompt.stop, seed=cfg.seed)
     with tqdm(total=len(examples) * cfg.samples, unit="completion", desc=f"eval {cfg.prompt}") as bar:
         result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer, progress=bar.update)

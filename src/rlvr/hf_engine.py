@@ -94,11 +94,26 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     cdf = inside.double().cumsum(-1) + below
     index = block * _BLOCK + torch.searchsorted(cdf, target, right=True).clamp(max=_BLOCK - 1)
     index = index.clamp(max=vocab - 1)
-    # never land on a zero-probability token through rounding at the top of the CDF
-    chosen = probs.gather(-1, index) > 0
-    if not bool(chosen.all()):
-        index = torch.where(chosen, index, probs.argmax(-1, keepdim=True))
+    # never land on a zero-probability token through rounding at the top of the CDF (no host sync to ask
+    # whether that happened: the where costs less than the sync)
+    index = torch.where(probs.gather(-1, index) > 0, index, probs.argmax(-1, keepdim=True))
     return index.squeeze(-1)
+
+
+def stop_candidates(tokenizer, stop: tuple[str, ...], vocab_size: int) -> np.ndarray:
+    """(vocab_size,) bool: the ids whose text can complete a stop string. A stop string first appears in a row's
+    text with the token that writes its last character, so the decode loop decodes a row's tail only when the
+    new token is one of these: its text alone holds the last character of some stop string, or part of a
+    character (a byte-level piece decodes to U+FFFD), or it is an id the tokenizer does not know. A stop string
+    ending in whitespace (which tokenizers may drop from a token decoded alone) makes every id a candidate."""
+    if any(s[-1].isspace() for s in stop):
+        return np.ones(vocab_size, dtype=bool)
+    last = {s[-1] for s in stop} | {"\ufffd"}
+    known = min(vocab_size, len(tokenizer))
+    texts = tokenizer.batch_decode([[i] for i in range(known)])
+    table = np.ones(vocab_size, dtype=bool)
+    table[:known] = [any(c in text for c in last) for text in texts]
+    return table
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -281,6 +296,7 @@ class HFEngine:
         self.eos_ids = sorted({int(e) for e in eos if e is not None and e != unk})
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.stats = {"generated_tokens": 0, "seconds": 0.0}
+        self._stop_tables: dict = {}  # (stop strings, vocabulary size) -> stop_candidates
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
         if self.model is not policy:
@@ -368,16 +384,26 @@ class HFEngine:
             seen.scatter_(1, input_ids, attention.bool())
         keys = np.array([row_key(sampling.seed, prompts[r // n], r % n) for r in range(total)], dtype=np.uint64)
         rows = _Rows(torch.arange(total), keys, attention, seen)
-        tokens: list[list[int]] = [[] for _ in range(total)]
-        logprobs: list[list[float]] = [[] for _ in range(total)]
-        entropies: list[list[float]] = [[] for _ in range(total)]
+        # every row's tokens (and their log-probs / entropies) land in host buffers, one column per step
+        tokens = np.zeros((total, sampling.max_new_tokens), dtype=np.int64)
+        logprobs = np.zeros((total, sampling.max_new_tokens)) if sampling.logprobs else None
+        entropies = np.zeros((total, sampling.max_new_tokens)) if sampling.entropy else None
+        length = np.zeros(total, dtype=np.int64)
         # the distribution a sampled token is scored under: the model's at the sampling temperature (T=1
         # for greedy), before top-p, penalties or min_new_tokens, which the learner cannot reproduce
         scale = sampling.temperature if sampling.temperature > 0 else 1.0
         finish: list[str | None] = [None] * total
         eos = torch.tensor(self.eos_ids, device=device)
+        vocab = logits.shape[-1]  # the model's rows, which may outnumber the tokenizer's ids
+        is_eos = np.zeros(vocab, dtype=bool)
+        is_eos[[e for e in self.eos_ids if e < vocab]] = True
         max_stop = max((len(s) for s in sampling.stop), default=0)
-        active = torch.ones(total, dtype=torch.bool)  # per row of `rows`: still generating
+        may_stop = None
+        if max_stop:
+            if (sampling.stop, vocab) not in self._stop_tables:
+                self._stop_tables[sampling.stop, vocab] = stop_candidates(self.tokenizer, sampling.stop, vocab)
+            may_stop = self._stop_tables[sampling.stop, vocab]
+        active = np.ones(total, dtype=bool)  # per row of `rows`: still generating
 
         for step in range(sampling.max_new_tokens):
             scores = apply_repetition_penalty(logits, rows.seen, sampling.repetition_penalty) if rows.seen is not None else logits
@@ -392,42 +418,46 @@ class HFEngine:
                 probs = torch.softmax(logits / scale if scale != 1.0 else logits, dim=-1)
             next_tokens = sample_tokens(scores, uniforms(rows.keys, step).to(device), sampling.temperature,
                                         sampling.top_p, probs=probs if sampled else None)
-            if sampling.logprobs:
-                lp = probs.gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1).log().tolist()
-            if sampling.entropy:
-                ent = torch.special.entr(probs).sum(-1).tolist()
             if rows.seen is not None:
                 rows.seen.scatter_(1, next_tokens.unsqueeze(-1), True)
-            next_list = next_tokens.tolist()
-            finished_now = 0
-            for j, row in enumerate(rows.index.tolist()):
-                if not active[j]:
-                    continue
-                token = next_list[j]
-                tokens[row].append(token)
-                if sampling.logprobs:
-                    logprobs[row].append(lp[j])
-                if sampling.entropy:
-                    entropies[row].append(ent[j])
-                if token in self.eos_ids and step >= sampling.min_new_tokens:
-                    finish[row] = "stop"
-                elif max_stop and step + 1 >= sampling.min_new_tokens:
-                    # a stop string spans at most max_stop tokens; decode only the tail to look for it
-                    tail = self.tokenizer.decode(tokens[row][-(max_stop + 2) :])
-                    if any(s in tail for s in sampling.stop):
-                        finish[row] = "stop"
-                if finish[row] is None and len(tokens[row]) >= sampling.max_new_tokens:
+            # the step's one device -> host transfer: tokens, log-probs and entropies as float64 columns (ids
+            # below 2**53 and float32 values are exact in float64)
+            columns = [next_tokens.double()]
+            if sampling.logprobs:
+                columns.append(probs.gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1).log().double())
+            if sampling.entropy:
+                columns.append(torch.special.entr(probs).sum(-1).double())
+            host = torch.stack(columns, -1).cpu().numpy()
+            live = active.nonzero()[0]  # positions in `rows` still generating
+            ids = rows.index.numpy()[live]
+            new = host[live, 0].astype(np.int64)
+            tokens[ids, step] = new
+            if logprobs is not None:
+                logprobs[ids, step] = host[live, 1]
+            if entropies is not None:
+                entropies[ids, step] = host[live, -1]
+            length[ids] = step + 1
+            stopped = is_eos[new] if step >= sampling.min_new_tokens else np.zeros(len(live), dtype=bool)
+            if may_stop is not None and step + 1 >= sampling.min_new_tokens:
+                # a stop string first appears with the token that writes its last character: only rows whose new
+                # token can do that decode their tail (a stop string spans at most max_stop tokens)
+                for k in (may_stop[new] & ~stopped).nonzero()[0]:
+                    tail = self.tokenizer.decode(tokens[ids[k], max(0, step - max_stop - 1) : step + 1].tolist())
+                    stopped[k] = any(s in tail for s in sampling.stop)
+            for k in stopped.nonzero()[0]:
+                finish[ids[k]] = "stop"
+            if step + 1 >= sampling.max_new_tokens:
+                for row in ids[~stopped]:
                     finish[row] = "length"
-                if finish[row] is not None:
-                    active[j] = False
-                    finished_now += 1
-            if progress is not None and finished_now:
-                progress(finished_now)
+                stopped[:] = True
+            active[live[stopped]] = False
+            if progress is not None and stopped.any():
+                progress(int(stopped.sum()))
             if not active.any():
                 break
             done = int((~active).sum())
             if done and done >= self.compact_fraction * len(active):
-                keep = active.nonzero().squeeze(-1)
+                keep = torch.from_numpy(active.nonzero()[0])
                 keep_device = keep.to(device, non_blocking=True)
                 if state is not None:
                     state.select(keep)
@@ -436,7 +466,7 @@ class HFEngine:
                     cache.batch_select_indices(keep_device)
                 rows.select(keep, keep_device)
                 next_tokens = next_tokens[keep_device]
-                active = torch.ones(len(keep), dtype=torch.bool)
+                active = np.ones(len(keep), dtype=bool)
             if state is not None:
                 logits = decoder.step(next_tokens, positions + step, state)
             else:
@@ -445,7 +475,7 @@ class HFEngine:
 
         completions = []
         for row in range(total):
-            ids = tokens[row]
+            ids = tokens[row, : length[row]].tolist()
             text_ids = ids[:-1] if ids and ids[-1] in self.eos_ids and finish[row] == "stop" else ids
             text = self.tokenizer.decode(text_ids)
             if finish[row] == "stop" and sampling.stop:
@@ -454,6 +484,7 @@ class HFEngine:
             self.stats["generated_tokens"] += len(ids)
             completions.append(
                 Completion(row // n, row % n, text, ids, finish[row] or "length",
-                           logprobs[row] if sampling.logprobs else None, entropies[row] if sampling.entropy else None)
+                           logprobs[row, : length[row]].tolist() if logprobs is not None else None,
+                           entropies[row, : length[row]].tolist() if entropies is not None else None)
             )
         return completions

@@ -81,10 +81,19 @@ def load_policy(cfg: TrainingFields, run_dir: Path, devices=None):
     return model, tokenizer, state
 
 
-def load_frozen(name: str, device="cpu"):
+def frozen_dtype(precision: str, device) -> str:
+    """The dtype a frozen model is kept in: bf16 on a GPU when the policy's forward runs in bf16 autocast anyway
+    (half the memory; autocast already rounds the weights of every matmul to bf16), fp32 otherwise (on the CPU
+    host memory is not the constraint, and fp32 keeps the CPU's published numbers)."""
+    import torch
+
+    return "bfloat16" if precision == "bf16" and torch.device(device).type == "cuda" else "float32"
+
+
+def load_frozen(name: str, device="cpu", dtype: str = "float32"):
     """A model that only scores (a KL reference, a distillation teacher, DPO's reference): eval mode, no
-    gradients. Returns (model, tokenizer)."""
-    model, tokenizer = load_model(name, device=device)
+    gradients, in `dtype` (frozen_dtype), loaded straight onto `device`. Returns (model, tokenizer)."""
+    model, tokenizer = load_model(name, dtype=dtype, device=device)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)

@@ -174,7 +174,12 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32", device
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype),
                                                      device_map=device_map(skeleton, devices))
     else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype)).to(devices[0])
+        import torch
+
+        # straight onto an accelerator (no whole host copy first); on the CPU that is where it loads anyway
+        on = torch.device(devices[0])
+        placement = {"device_map": {"": on}} if on.type != "cpu" else {}
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), **placement).to(on)
     if model.generation_config.pad_token_id is None:  # a pad id of 0 is a real id
         model.generation_config.pad_token_id = model.config.eos_token_id
     return model, load_tokenizer(path)

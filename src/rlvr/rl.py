@@ -33,8 +33,8 @@ from rlvr.data import DataOrder, Example, load_split
 from rlvr.estimators import distill_advantages
 from rlvr.evaluate import pass_at_k
 from rlvr.hf_engine import HFEngine
-from rlvr.loop_common import (StopRequests, build_engines, build_optimizer, load_frozen, load_policy,
-                              native_precision, open_logger,
+from rlvr.loop_common import (StopRequests, build_engines, build_optimizer, frozen_dtype, load_frozen,
+                              load_policy, native_precision, open_logger,
                               placement, restore, start_run, start_validation, trainer_state, validate)
 from rlvr.policy import tokenize_prompt_and_ids
 from rlvr.prompts import PromptTemplate, get_prompt
@@ -458,7 +458,7 @@ def _teacher_model(cfg: TrainConfig, tokenizer, device="cpu"):
     compares the two models' log-probs of the same token ids)."""
     if not cfg.teacher or not cfg.distill:  # a teacher named in a shared config is unused without distill
         return None
-    teacher, teacher_tokenizer = load_frozen(cfg.teacher, device)
+    teacher, teacher_tokenizer = load_frozen(cfg.teacher, device, frozen_dtype(cfg.precision, device))
     if teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
         raise ValueError(f"teacher={cfg.teacher!r} and model={cfg.model!r} have different tokenizers "
                          f"({len(teacher_tokenizer)} vs {len(tokenizer)} tokens); on-policy distillation "
@@ -479,7 +479,7 @@ def _reference_model(cfg: TrainConfig, device="cpu"):
         return None
     if cfg.lora_rank > 0:
         return None  # `disable_adapter()` on the policy itself gives the reference
-    return load_frozen(cfg.model, device)[0]
+    return load_frozen(cfg.model, device, frozen_dtype(cfg.precision, device))[0]
 
 
 def _reference_log_probs(reference, model, batch: TrainBatch, cfg: TrainConfig, rows: list[int] | None = None):
