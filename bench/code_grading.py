@@ -21,10 +21,10 @@ import statistics
 import time
 
 import common  # noqa: F401 (puts src/ on sys.path)
-
-from rlvr.code_rewards import grade_programs, parse_tests
-from rlvr.code_tasks import code_task
-from rlvr.sandbox import Job, SandboxLimits, configure, default_workers, isolation, run_program
+from rlvr.grading.code import grade_programs, parse_tests
+from rlvr.sandbox import configure, default_workers, isolation, run_program
+from rlvr.sandbox.records import Job, SandboxLimits
+from rlvr.tasks.code import code_task
 
 
 def batch(n: int) -> tuple[list[str], list[str]]:

@@ -97,8 +97,8 @@ def rss_mb() -> float:
 
 def gsm8k_prompts(n: int, offset: int = 0, split: str = "test"):
     """(r1_zero prompt texts, ground-truth answers) of GSM8K questions offset..offset+n-1, plain (no chat)."""
-    from rlvr.data import load_dataset
-    from rlvr.prompts import get_prompt
+    from rlvr.tasks.datasets import load_dataset
+    from rlvr.tasks.prompts import get_prompt
 
     rows = load_dataset("gsm8k", split)[offset : offset + n]
     if len(rows) < n:

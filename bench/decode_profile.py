@@ -14,7 +14,7 @@ timed on one weight small enough to stay in cache, so it ignores memory traffic.
 not: the step's own matmuls timed alone with all the model's weights streamed from memory, plus every row's KV
 cache read once at the measured copy bandwidth.
 
---path hf (default) profiles the transformers forward the engine used before rlvr.decode_llama; --path fast
+--path hf (default) profiles the transformers forward the engine used before rlvr.engines.decode_llama; --path fast
 profiles rlvr's own decode step (its matmuls are not in modules, so they land in "other matmuls"). Each row
 attends to a prompt of ~150-200 tokens plus what it generated, as in an r1_zero rollout (1 sample per prompt:
 no shared prefix to exploit; `--samples G` decodes B / G prompts x G on the fast path, as an RL rollout batch).
@@ -80,7 +80,7 @@ def streamed_matmuls_ms(net, rows: int, repeats: int = 5) -> float:
     import torch
     import torch.nn.functional as F
 
-    from rlvr.decode_llama import LlamaDecoder
+    from rlvr.engines.decode_llama import LlamaDecoder
 
     weights = [w for layer in LlamaDecoder(net).layers for w in (layer[1], layer[2], layer[4], layer[5])]
     weights.append(net.lm_head.weight)
@@ -112,9 +112,11 @@ def profile_case(model_path: str, batch: int, dtype_name: str, steps: int, threa
                  samples: int = 1) -> dict:
     import torch
 
-    from rlvr.decode_llama import LlamaDecoder
-    from rlvr.hf_engine import HFEngine, preallocated_cache, sample_tokens, uniforms
-    from rlvr.models import load_model
+    from rlvr.core.models import load_model
+    from rlvr.engines.decode_llama import LlamaDecoder
+    from rlvr.engines.hf import HFEngine
+    from rlvr.engines.kv_cache import preallocated_cache
+    from rlvr.engines.sampling import sample_tokens, uniforms
 
     set_threads(threads)
     model, tokenizer = load_model(model_path)

@@ -39,9 +39,9 @@ def main() -> None:
     set_threads(args.threads)
     print(machine())
 
-    from rlvr.hf_engine import HFEngine
-    from rlvr.models import load_model
-    from rlvr.rollout import SamplingParams
+    from rlvr.core.models import load_model
+    from rlvr.engines.base import SamplingParams
+    from rlvr.engines.hf import HFEngine
 
     model_path = args.model if Path(args.model).is_dir() else "SmolLM2-135M-Instruct"
     model, tokenizer = load_model(model_path)

@@ -9,7 +9,7 @@ what rlvr and TRL import, nothing can be downloaded there, and no model weights 
 downloads wheels of the missing packages (the versions installed here, for CPython 3.12 x86-64) into
 .gpu/wheels/ and copies the default model's tokenizer into .gpu/tokenizer/; the check installs the wheels
 with `pip --target` and runs on a randomly initialised model of the default model's shape (the config ships
-with rlvr: rlvr.models.random_model). Random weights do the same work per token as the real ones.
+with rlvr: rlvr.core.models.random_model). Random weights do the same work per token as the real ones.
 
 The check, in order (each part's result is also written to --json as soon as it is known):
   a. `pytest -m gpu tests/`: its summary line (failures are reported, the check goes on).
@@ -198,7 +198,7 @@ def prepare() -> None:
     for wheel in sorted(WHEELS.glob("*.whl")):
         print(f"  {wheel.name} ({wheel.stat().st_size / 2**20:.2f} MiB)")
 
-    from rlvr.models import DEFAULT_MODEL, resolve_model_path
+    from rlvr.core.models import DEFAULT_MODEL, resolve_model_path
 
     source = Path(resolve_model_path(DEFAULT_MODEL))
     TOKENIZER.mkdir(parents=True, exist_ok=True)
@@ -266,8 +266,8 @@ def preflight(device: str) -> dict:
 
     info = {"python": sys.version.split()[0], "imports": {}, "failed_imports": {}, "unmet_requirements": []}
     for module in ("torch", "transformers", "accelerate", "peft", "safetensors", "numpy", "yaml", "typer", "rich",
-                   "tqdm", "pydantic", "math_verify", "pebble", "gguf", "datasets", "trl", "rlvr.update",
-                   "rlvr.hf_engine"):
+                   "tqdm", "pydantic", "math_verify", "pebble", "gguf", "datasets", "trl", "rlvr.algorithms.update",
+                   "rlvr.engines.hf"):
         try:
             mod = __import__(module, fromlist=["_"])
             info["imports"][module] = getattr(mod, "__version__", "ok")
@@ -349,7 +349,7 @@ def run_generate(model, tokenizer, prompts: list[str], new_tokens: int, seed: in
 
 
 def run_engine(engine, prompts: list[str], new_tokens: int, seed: int, device: str) -> tuple[int, float]:
-    from rlvr.rollout import SamplingParams
+    from rlvr.engines.base import SamplingParams
 
     engine.batch_size = len(prompts)  # every row decoded together
     sampling = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
@@ -365,7 +365,7 @@ def generation_speed(model, tokenizer, batches: list[int], new_tokens: int, repe
     """tokens/s of HFEngine (bf16 copy) and of model.generate (bf16 copy) per batch size."""
     import torch
 
-    from rlvr.hf_engine import HFEngine
+    from rlvr.engines.hf import HFEngine
 
     generator = copy.deepcopy(model).to(torch.bfloat16).eval()
     engine = HFEngine(model, tokenizer, batch_size=max(batches), dtype="bfloat16", device=device)
@@ -462,7 +462,7 @@ def check(args, start: float) -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from rlvr.models import random_model
+    from rlvr.core.models import random_model
 
     results = {"args": vars(args)}
 

@@ -21,7 +21,6 @@ position (issue 35 deliverable 6, issue 36 item 2): bench/gpu_check.py part e, a
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import socket
@@ -46,7 +45,7 @@ def free_port() -> int:
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from rlvr.models import DEFAULT_MODEL, load_tokenizer
+    from rlvr.core.models import DEFAULT_MODEL, load_tokenizer
 
     tok = AutoTokenizer.from_pretrained(TOKENIZER) if (TOKENIZER / "tokenizer.json").is_file() else load_tokenizer(
         DEFAULT_MODEL)
@@ -56,7 +55,7 @@ def tokenizer():
 
 
 def small_model(device, seed=0, layers=None):
-    from rlvr.models import random_model
+    from rlvr.core.models import random_model
 
     model = random_model(device=device, seed=seed)
     if layers is not None:  # --smoke: the default shape, fewer layers
@@ -66,7 +65,7 @@ def small_model(device, seed=0, layers=None):
 
 
 def a_batch(vocab: int, device, rows=8, prompt=32, response=96, seed=0):
-    from rlvr.update import TrainBatch
+    from rlvr.algorithms.update import TrainBatch
 
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (rows, prompt + response), generator=g)
@@ -85,10 +84,10 @@ def a_batch(vocab: int, device, rows=8, prompt=32, response=96, seed=0):
 def learner_group(device: str, layers) -> dict:
     import torch.distributed as dist
 
-    from rlvr.algorithms import get_preset
+    from rlvr.algorithms.spec import get_preset
+    from rlvr.algorithms.update import policy_gradient_update
     from rlvr.config import choose_backend
-    from rlvr.parallel import Group, init_learner_group
-    from rlvr.update import policy_gradient_update
+    from rlvr.distributed.parallel import Group, init_learner_group
 
     dev = torch.device(device)
     backend = choose_backend("auto", [dev.type], "the learners' group")
@@ -130,13 +129,13 @@ def learner_group(device: str, layers) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------
-# 2. Weight broadcast, learner rank 0 -> worker rank 1, as rlvr.cluster's Learner and RolloutWorker do it.
+# 2. Weight broadcast, learner rank 0 -> worker rank 1, as rlvr.distributed.roles' Learner and RolloutWorker do it.
 
 
 def _broadcast_rank(rank: int, port: int, backend: str, device: str, layers, out: str):
     try:
-        from rlvr.hf_engine import HFEngine, engine_weights
-        from rlvr.parallel import WeightBroadcast
+        from rlvr.distributed.parallel import WeightBroadcast
+        from rlvr.engines.hf import HFEngine, engine_weights
 
         dev = torch.device(device)
         model = small_model(dev, seed=rank, layers=layers)  # different weights on each side before the sync
@@ -202,9 +201,9 @@ def weight_broadcast(device: str, backend: str, layers, tmp: Path, timeout: floa
 
 
 def logprob_gap(device: str, rows: int, positions: int, bucket: int, layers) -> dict:
-    from rlvr.hf_engine import HFEngine
-    from rlvr.policy import autocast, get_response_log_probs
-    from rlvr.rollout import SamplingParams
+    from rlvr.algorithms.policy import autocast, get_response_log_probs
+    from rlvr.engines.base import SamplingParams
+    from rlvr.engines.hf import HFEngine
 
     dev = torch.device(device)
     tok = tokenizer()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from rlvr.rewards import configure_grading, r1_zero_reward_fn, score_batch  # noqa: E402
+from rlvr.tasks.rewards import configure_grading, r1_zero_reward_fn, score_batch  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "src" / "rlvr" / "data" / "gsm8k" / "test.jsonl"
 CASES = Path(__file__).resolve().parents[1] / "tests" / "test_grading_cases.py"

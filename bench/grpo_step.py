@@ -87,22 +87,23 @@ def synchronize(device: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------
-# rlvr: one iteration of src/rlvr/rl.py's loop, built from the library's public pieces.
+# rlvr: one iteration of src/rlvr/training/rl.py's loop, built from the library's public pieces.
 
 
 def rlvr_child(spec: dict, args) -> dict:
     import torch
 
-    from rlvr.algorithms import compute_advantages
+    from rlvr.algorithms.policy import tokenize_prompt_and_output
+    from rlvr.algorithms.spec import compute_advantages
+    from rlvr.algorithms.update import TrainBatch, policy_gradient_update
     from rlvr.config import TrainConfig
-    from rlvr.hf_engine import HFEngine
-    from rlvr.loop_common import build_optimizer
-    from rlvr.models import load_model, prepare_for_training
-    from rlvr.policy import tokenize_prompt_and_output
-    from rlvr.rewards import rewards_and_metadata, score_batch
-    from rlvr.rl import build_reward_fn
-    from rlvr.rollout import SamplingParams
-    from rlvr.update import TrainBatch, policy_gradient_update
+    from rlvr.core.models import load_model, prepare_for_training
+    from rlvr.engines.base import SamplingParams
+    from rlvr.engines.hf import HFEngine
+    from rlvr.stages.rollouts import build_reward_fn
+    from rlvr.stages.run import build_optimizer
+    from rlvr.tasks.rewards import score_batch
+    from rlvr.tasks.scoring import rewards_and_metadata
 
     set_threads(args.threads)
     n = args.questions * args.group_size
@@ -178,8 +179,8 @@ def trl_child(spec: dict, args) -> dict:
     from transformers import PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlvr.models import load_model
-    from rlvr.rewards import format_reward_fn, r1_zero_reward_fn, score_batch
+    from rlvr.core.models import load_model
+    from rlvr.tasks.rewards import format_reward_fn, r1_zero_reward_fn, score_batch
 
     set_threads(args.threads)
     n = args.questions * args.group_size

@@ -23,8 +23,8 @@ import tempfile
 CHILD = r"""
 import gc, json, resource, sys
 model_name, dtype, way = sys.argv[1:4]
-from rlvr.hf_engine import HFEngine
-from rlvr.models import load_model
+from rlvr.engines.hf import HFEngine
+from rlvr.core.models import load_model
 
 def status(field):
     with open("/proc/self/status") as f:
@@ -45,7 +45,7 @@ print(json.dumps({"peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 SAVE = r"""
 import sys, torch
-from rlvr.models import load_model
+from rlvr.core.models import load_model
 model, tok = load_model(sys.argv[1], dtype=sys.argv[2])
 model.save_pretrained(sys.argv[3]); tok.save_pretrained(sys.argv[3])
 """

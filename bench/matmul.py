@@ -21,9 +21,9 @@
    What to pass: G = tokens generated per step; T = every position the training forward/backward runs
    through (prompt + response of each trained rollout: the backward goes through the prompt too) --
    bench/grpo_step.py prints both ("gen tokens/step" and "trained positions").
-3. Training phase (--train): forward + backward of `rlvr.policy.get_response_log_probs` (scoring every
+3. Training phase (--train): forward + backward of `rlvr.algorithms.policy.get_response_log_probs` (scoring every
    position, as a microbatch of the GRPO update does) on --batch x --seq random tokens, fp32 and under
-   `rlvr.policy.autocast("bf16")`; achieved GFLOP/s = 6 * params * tokens / time, and its fraction of the
+   `rlvr.algorithms.policy.autocast("bf16")`; achieved GFLOP/s = 6 * params * tokens / time, and its fraction of the
    train-mix rate of the dtype it runs in (the issue's target: >= 50 %). The head's recomputation under
    activation checkpointing is real work that this "model FLOPs" count leaves out.
 
@@ -48,7 +48,7 @@ def model_shapes():
     """(name, in_features, out_features, times each token meets it) for every linear map, and the config."""
     from transformers import AutoConfig
 
-    from rlvr.models import DEFAULT_MODEL, resolve_model_path
+    from rlvr.core.models import DEFAULT_MODEL, resolve_model_path
 
     c = AutoConfig.from_pretrained(resolve_model_path(DEFAULT_MODEL))
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -111,8 +111,8 @@ def measure_training(params: int, batch: int, seq: int, repeats: int, vocab: int
     """Achieved GFLOP/s of forward + backward of get_response_log_probs, fp32 and bf16 autocast."""
     import torch
 
-    from rlvr.models import load_model
-    from rlvr.policy import autocast, get_response_log_probs
+    from rlvr.algorithms.policy import autocast, get_response_log_probs
+    from rlvr.core.models import load_model
 
     model, _ = load_model()
     model.train()
@@ -153,7 +153,7 @@ def main() -> None:
 
     set_threads(args.threads)
     shapes, config = model_shapes()
-    from rlvr.models import load_model
+    from rlvr.core.models import load_model
 
     model, _ = load_model()
     params = sum(p.numel() for p in model.parameters())  # tied embedding/head counted once

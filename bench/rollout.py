@@ -81,7 +81,7 @@ def run_engine(engine, prompts: list[str], samples: int, max_new_tokens: int, se
                logprobs: bool = True, outputs: dict | None = None) -> tuple[int, float]:
     """`logprobs`: ask for the sampling log-probs, as `rlvr train` does; `outputs`: where to keep what was
     generated, by seed (the --before check compares them)."""
-    from rlvr.rollout import SamplingParams
+    from rlvr.engines.base import SamplingParams
 
     engine.batch_size = len(prompts) * samples  # every row decoded together
     sampling = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=max_new_tokens, stop=(STOP,), n=samples,
@@ -95,12 +95,12 @@ def run_engine(engine, prompts: list[str], samples: int, max_new_tokens: int, se
 
 
 def engine_at(rev: str):
-    """rlvr.hf_engine as it was at git revision `rev`, imported beside today's (same rlvr package under it)."""
+    """rlvr.engines.hf as it was at git revision `rev`, imported beside today's (same rlvr package under it)."""
     import importlib.util
     import subprocess
     import tempfile
 
-    source = subprocess.run(["git", "show", f"{rev}:src/rlvr/hf_engine.py"], check=True, capture_output=True,
+    source = subprocess.run(["git", "show", f"{rev}:src/rlvr/engines/hf.py"], check=True, capture_output=True,
                             text=True, cwd=Path(__file__).resolve().parents[1]).stdout
     path = Path(tempfile.mkdtemp()) / f"hf_engine_{rev.replace('/', '_')}.py"
     path.write_text(source)
@@ -137,12 +137,12 @@ def main() -> None:
         args.batches, args.groups, args.max_new_tokens, args.repeats = "2", "2x2", 8, 1
 
     set_threads(args.threads)
-    from rlvr.models import load_model
-    from rlvr.hf_engine import HFEngine
-
     import copy
 
     import torch
+
+    from rlvr.core.models import load_model
+    from rlvr.engines.hf import HFEngine
 
     model, tokenizer = load_model()
     model.eval()

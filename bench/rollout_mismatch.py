@@ -29,7 +29,7 @@ from common import cores, machine, set_threads  # noqa: E402
 
 
 def mismatch(rollout_lp: torch.Tensor, trainer_lp: torch.Tensor, mask: torch.Tensor, bucket: int) -> dict:
-    from rlvr.estimators import rollout_correction_weights
+    from rlvr.algorithms.losses import rollout_correction_weights
 
     weights, meta = rollout_correction_weights(trainer_lp, rollout_lp, mask, "token_tis", cap=2.0)
     known = mask & ~torch.isnan(rollout_lp)
@@ -63,13 +63,14 @@ def main() -> None:
     args = parser.parse_args()
     set_threads(args.threads)
 
-    from rlvr import rl
+    from rlvr.algorithms.update import score_log_probs
     from rlvr.config import TrainConfig, load_config
-    from rlvr.data import DataOrder, load_split
-    from rlvr.hf_engine import HFEngine
-    from rlvr.models import load_model
-    from rlvr.prompts import get_prompt
-    from rlvr.update import score_log_probs
+    from rlvr.core.models import load_model
+    from rlvr.engines.hf import HFEngine
+    from rlvr.tasks.datasets import load_split
+    from rlvr.tasks.prompts import get_prompt
+    from rlvr.tasks.records import DataOrder
+    from rlvr.training import rl
 
     cfg = load_config(TrainConfig, overrides=dict(model=args.model, dataset="arithmetic", prompt="r1_zero",
                                                   rollout_batch_size=args.questions * args.group,

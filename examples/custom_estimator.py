@@ -20,8 +20,8 @@ advantages are never trained), microbatching, metrics, checkpoints and resume as
 
 import torch
 
-from rlvr.algorithms import EstimatorSpec, register_advantage, register_estimator
-from rlvr.estimators import groups_without_spread
+from rlvr.algorithms.estimators import groups_without_spread
+from rlvr.algorithms.spec import EstimatorSpec, register_advantage, register_estimator
 
 
 @register_advantage("rloo")

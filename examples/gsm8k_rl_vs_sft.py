@@ -31,10 +31,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from post_training_comparison import RLVR, sh  # noqa: E402  (the sibling example: one rlvr command, logged, timed)
-from rlvr import checkpoint as ckpt  # noqa: E402
 from rlvr.config import TrainConfig, load_config  # noqa: E402
-from rlvr.runs import spread  # noqa: E402
-from rlvr.sweep import record_run  # noqa: E402
+from rlvr.core import checkpoint as ckpt  # noqa: E402
+from rlvr.experiments.stats import spread  # noqa: E402
+from rlvr.experiments.sweep_records import record_run  # noqa: E402
 
 SFT = Path("runs/sft_gsm8k/final")
 RECIPE = "configs/grpo_gsm8k_dynamic.yaml"

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from rlvr.plots import LR_FIGURE, build_figures, save_figures  # noqa: E402
-from rlvr.report import DIFFERENCE_METRICS, fmt_difference, fmt_spread, write_report  # noqa: E402
-from rlvr.runs import Group, difference, group_values, load_groups, questions_to_resolve, summarize  # noqa: E402
-from rlvr.sweep import RECORD_INFO  # noqa: E402
+from rlvr.experiments.plots import LR_FIGURE, build_figures, save_figures  # noqa: E402
+from rlvr.experiments.report import DIFFERENCE_METRICS, fmt_difference, fmt_spread, write_report  # noqa: E402
+from rlvr.experiments.runs import Group, group_values, load_groups, summarize  # noqa: E402
+from rlvr.experiments.stats import difference, questions_to_resolve
+from rlvr.experiments.sweep_records import RECORD_INFO  # noqa: E402
 
 METRICS = tuple(zip(DIFFERENCE_METRICS, ("greedy", "sampled")))  # final greedy and sampled validation accuracy
 

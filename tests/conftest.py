@@ -79,7 +79,7 @@ def model_dir(tmp_path, tiny_model, tokenizer):
 @pytest.fixture
 def crash_at(monkeypatch):
     """crash_at(step): the run is killed when it logs that step (after its last checkpoint); returns undo()."""
-    from rlvr.tracking import MetricsLogger
+    from rlvr.core.tracking import MetricsLogger
 
     original = MetricsLogger.log
 
@@ -98,7 +98,7 @@ def crash_at(monkeypatch):
 @pytest.fixture
 def default_grading():
     """Grading counts zeroed and the default grading configuration restored afterwards."""
-    from rlvr.rewards import configure_grading, reset_grading_stats
+    from rlvr.tasks.rewards import configure_grading, reset_grading_stats
 
     reset_grading_stats()
     yield
@@ -112,8 +112,8 @@ def run_update(model, optimizer, tokens: dict, advantages, gradient_accumulation
                temperature: float = 1.0, **choices):
     """`policy_gradient_update` on a tokenized batch with the estimator choices as keywords (the tests'
     shorthand for building the TrainBatch and the EstimatorSpec)."""
-    from rlvr.algorithms import EstimatorSpec
-    from rlvr.update import TrainBatch, policy_gradient_update
+    from rlvr.algorithms.spec import EstimatorSpec
+    from rlvr.algorithms.update import TrainBatch, policy_gradient_update
 
     batch = TrainBatch(tokens["input_ids"], tokens["labels"], tokens["response_mask"], advantages, old_log_probs,
                        reference_log_probs)

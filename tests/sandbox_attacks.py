@@ -317,9 +317,10 @@ def attacks(t: dict) -> dict[str, tuple[str, list[str]]]:
 
 def run(t: dict, limits=None) -> dict:
     """Grade every attack at once; name -> {"passed", "tests", "status", "error"} and the batch's seconds."""
-    from rlvr.code_rewards import parse_tests, passed
-    from rlvr.code_tasks import code_answer
-    from rlvr.sandbox import Job, SandboxLimits, run_programs
+    from rlvr.grading.code import parse_tests, passed
+    from rlvr.sandbox import run_programs
+    from rlvr.sandbox.records import Job, SandboxLimits
+    from rlvr.tasks.code import code_answer
 
     limits = limits or SandboxLimits(timeout=4, cpu_seconds=2, memory_mb=256, file_mb=8, processes=16, output_kb=256)
     table = attacks(t)

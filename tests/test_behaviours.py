@@ -11,18 +11,19 @@ import numpy as np
 import pytest
 import torch
 
-from rlvr import models as models_module
-from rlvr import rl as train_module
+from rlvr import stages
+from rlvr.algorithms.policy import tokenize_prompt_and_ids
+from rlvr.algorithms.update import NonFiniteLoss
 from rlvr.config import EvalConfig, SFTConfig, TrainConfig
-from rlvr.data import load_split
-from rlvr.update import NonFiniteLoss
-from rlvr.policy import tokenize_prompt_and_ids
-from rlvr.prompts import get_prompt
-from rlvr.rewards import rewards_and_metadata, score_batch
-from rlvr.tracking import read_jsonl
-from rlvr.rl import RunMonitor
-from rlvr.rl import build_reward_fn as real_build_reward_fn  # before the autouse fixture replaces it
-
+from rlvr.core import models as models_module
+from rlvr.core.tracking import read_jsonl
+from rlvr.stages import RunMonitor
+from rlvr.stages import build_reward_fn as real_build_reward_fn  # before the autouse fixture replaces it
+from rlvr.tasks.datasets import load_split
+from rlvr.tasks.prompts import get_prompt
+from rlvr.tasks.rewards import score_batch
+from rlvr.tasks.scoring import rewards_and_metadata
+from rlvr.training import rl as train_module
 from test_train import _cfg, _parity  # noqa: F401 (_parity: the autouse reward with signal in every group)
 
 QUIET = dict(eval_every=0, eval_at_start=False, eval_at_end=False)
@@ -120,7 +121,7 @@ def test_weighted_rewards_give_the_hand_computed_values_and_components():
 
 
 def test_weighted_reward_components_are_logged_by_the_loop(tmp_path, model_dir, monkeypatch):
-    monkeypatch.setattr(train_module, "build_reward_fn", real_build_reward_fn)
+    monkeypatch.setattr(stages, "build_reward_fn", real_build_reward_fn)
     out = tmp_path / "weighted"
     train_module.train_grpo(_cfg(model_dir, out, steps=1, rewards={"r1_zero": 1.0, "format": 0.2},
                                  log_rollouts_every=1, **QUIET))
@@ -149,7 +150,7 @@ def stopping_model_dir(tmp_path, tiny_model, tokenizer):
 
 
 def _spy_updates(monkeypatch, calls, before=None):
-    real = train_module.policy_gradient_update
+    real = stages.learn.policy_gradient_update
 
     def spy(model, optimizer, batch, *args, **kwargs):
         calls.append({"input_ids": batch.input_ids.clone(), "mask": batch.response_mask.clone(),
@@ -158,7 +159,7 @@ def _spy_updates(monkeypatch, calls, before=None):
             before(len(calls), model)
         return real(model, optimizer, batch, *args, **kwargs)
 
-    monkeypatch.setattr(train_module, "policy_gradient_update", spy)
+    monkeypatch.setattr(stages.learn, "policy_gradient_update", spy)
 
 
 def _group_advantages(rewards: list[float], group_size: int, eps: float = 1e-6) -> list[float]:
@@ -216,7 +217,7 @@ def test_a_non_finite_loss_skips_one_update_and_the_run_goes_on(tmp_path, model_
 
     calls, raised = [], []
     _spy_updates(monkeypatch, calls, before=poison_second)
-    spy = train_module.policy_gradient_update
+    spy = stages.learn.policy_gradient_update
 
     def heal_after(model, *args, **kwargs):
         try:
@@ -229,7 +230,7 @@ def test_a_non_finite_loss_skips_one_update_and_the_run_goes_on(tmp_path, model_
             snapshots["grads"] = [p.grad for p in model.parameters()]
             raise
 
-    monkeypatch.setattr(train_module, "policy_gradient_update", heal_after)
+    monkeypatch.setattr(stages.learn, "policy_gradient_update", heal_after)
     out = tmp_path / "nan"
     lr = 1e-3
     summary = train_module.train_grpo(_cfg(model_dir, out, steps=3, warmup_steps=4, lr_schedule="constant",
@@ -247,7 +248,7 @@ def test_a_non_finite_loss_skips_one_update_and_the_run_goes_on(tmp_path, model_
     # linear warmup over 4 scheduler steps, one per update, the skipped one included
     assert [r["train/lr"] for r in rows] == pytest.approx([lr / 4, 2 * lr / 4, 3 * lr / 4], rel=1e-9)
     assert summary["steps"] == 3 and (out / "final" / "DONE").is_file()
-    from rlvr.models import load_model
+    from rlvr.core.models import load_model
 
     final, _ = load_model(str(out / "final"))
     assert all(bool(torch.isfinite(p).all()) for p in final.parameters())
@@ -266,7 +267,7 @@ def _pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def test_train_pass_at_k_is_recomputed_from_the_logged_rollouts(tmp_path, model_dir, monkeypatch):
-    monkeypatch.setattr(train_module, "build_reward_fn", lambda cfg, name: shaped_parity)
+    monkeypatch.setattr(stages, "build_reward_fn", lambda cfg, name: shaped_parity)
     out = tmp_path / "passk"
     train_module.train_grpo(_cfg(model_dir, out, steps=5, rollout_batch_size=16, microbatch_size=4,
                                  log_rollouts_every=1, **QUIET))
@@ -298,7 +299,7 @@ def test_keep_checkpoints_rotation_keeps_the_newest_and_latest_names_the_last(tm
     # checkpoints at steps 1, 2, 3 (step 4 is the final model); the two newest remain, nothing half-written
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000002", "step_000003"]
     assert (root / "latest").read_text().strip() == "step_000003"
-    from rlvr import checkpoint as ckpt
+    from rlvr.core import checkpoint as ckpt
 
     assert ckpt.latest_checkpoint(out) == root / "step_000003"
     assert [ckpt.load_state(root / name)["step"] for name in ("step_000002", "step_000003")] == [2, 3]

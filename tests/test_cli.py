@@ -14,11 +14,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from rlvr.algorithms.spec import PRESETS
 from rlvr.cli import app
 from rlvr.config import BaseConfig, DemoConfig, DPOConfig, EvalConfig, SFTConfig, TrainConfig, load_config
-from rlvr.estimators import PRESETS
-from rlvr.sweep import LOCK, SweepConfig
-from rlvr.tracking import read_jsonl
+from rlvr.core.tracking import read_jsonl
+from rlvr.experiments.sweep_plan import LOCK, SweepConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDE = {"COLUMNS": "250"}  # rich wraps tables and help text to the terminal width; CliRunner has none

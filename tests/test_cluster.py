@@ -1,4 +1,4 @@
-"""Ray roles (rlvr.cluster) on a local Ray: synchronous mode is the local loop, asynchronous mode keeps its
+"""Ray roles (rlvr.distributed) on a local Ray: synchronous mode is the local loop, asynchronous mode keeps its
 staleness bound, weights reach every worker, a dead or silent role stops the run with its name."""
 
 import math
@@ -8,11 +8,13 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from conftest import train_cfg  # noqa: E402
-from rlvr import cluster  # noqa: E402
-from rlvr import rl as train_module  # noqa: E402
-from rlvr.tracking import read_jsonl  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
+
+from conftest import train_cfg  # noqa: E402
+from rlvr import stages
+from rlvr.core.tracking import read_jsonl  # noqa: E402
+from rlvr.distributed import driver, placement, roles  # noqa: E402
+from rlvr.training import rl as train_module  # noqa: E402
 
 
 def parity_reward(response: str, ground_truth: str) -> dict:
@@ -22,7 +24,7 @@ def parity_reward(response: str, ground_truth: str) -> dict:
 
 @pytest.fixture(autouse=True)
 def _parity(monkeypatch):
-    monkeypatch.setattr(train_module, "build_reward_fn", lambda cfg, name: parity_reward)
+    monkeypatch.setattr(stages, "build_reward_fn", lambda cfg, name: parity_reward)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -151,7 +153,7 @@ def test_batches_in_flight_at_a_checkpoint_are_generated_again_on_resume(tmp_pat
     assert [r["async/requeued_batches"] for r in rows] == [0, 0, 1, 1]
 
 
-class _PushFails(cluster.RolloutWorker):
+class _PushFails(roles.RolloutWorker):
     def set_weights(self, weights, version):
         if version >= 2:
             raise OSError("no space left on device")
@@ -167,10 +169,10 @@ def test_a_failed_weight_push_stops_an_async_run_naming_it(tmp_path, model_dir, 
 
     this = sys.modules[__name__]
     cloudpickle.register_pickle_by_value(this)  # the actors cannot import this test module: ship _PushFails
-    monkeypatch.setattr(cluster, "RolloutWorker", _PushFails)
+    monkeypatch.setattr(roles, "RolloutWorker", _PushFails)
     cfg = _cfg(model_dir, tmp_path / "run", steps=6, **{"distributed.rollout_workers": 1, "async.max_staleness": 1})
     try:
-        with pytest.raises(cluster.RoleFailed,
+        with pytest.raises(placement.RoleFailed,
                            match=r"rollout worker 0 raised \(sending the step-2 weights\).*no space"):
             train_module.train_grpo(cfg)
     finally:
@@ -181,18 +183,18 @@ def test_a_request_the_cluster_cannot_hold_fails_at_once_saying_what_it_has(tmp_
     # the test cluster has 4 CPUs and no GPU; Ray alone would wait for resources that never come
     cfg = _cfg(model_dir, tmp_path / "run", **{"distributed.rollout_workers": 1, "distributed.learners": 2,
                                                "distributed.learner_num_cpus": 3})
-    with pytest.raises(cluster.RoleFailed, match=r"infeasible: CPU: asked for 7, the cluster has 4 \(2 learners x 3 CPU"):
-        cluster.Roles(cfg)
+    with pytest.raises(placement.RoleFailed, match=r"infeasible: CPU: asked for 7, the cluster has 4 \(2 learners x 3 CPU"):
+        roles.Roles(cfg)
     cfg = _cfg(model_dir, tmp_path / "run", **{"distributed.rollout_workers": 1, "distributed.rollout_num_gpus": 1})
-    with pytest.raises(cluster.RoleFailed, match=r"GPU: asked for 1, the cluster has 0; no node has a rollout worker's"):
-        cluster.Roles(cfg)
+    with pytest.raises(placement.RoleFailed, match=r"GPU: asked for 1, the cluster has 0; no node has a rollout worker's"):
+        roles.Roles(cfg)
     # enough in total, but split over two nodes: a learner needs one node with 6 CPUs
     nodes = [{"Alive": True, "Resources": {"CPU": 4.0}}, {"Alive": True, "Resources": {"CPU": 4.0}},
              {"Alive": False, "Resources": {"CPU": 64.0}}]
     cfg = _cfg(model_dir, tmp_path / "run", **{"distributed.rollout_workers": 1, "distributed.learner_num_cpus": 6})
-    with pytest.raises(cluster.RoleFailed, match=r"no node has a learner's 6 CPU \+ 0 GPU"):
-        cluster.check_feasible(cfg, nodes)
-    cluster.check_feasible(cfg.model_copy(update={"distributed": cfg.distributed.model_copy(
+    with pytest.raises(placement.RoleFailed, match=r"no node has a learner's 6 CPU \+ 0 GPU"):
+        placement.check_feasible(cfg, nodes)
+    placement.check_feasible(cfg.model_copy(update={"distributed": cfg.distributed.model_copy(
         update={"learner_num_cpus": 4.0})}), nodes)
 
 
@@ -204,9 +206,9 @@ def test_learners_wait_for_their_placement_group_no_longer_than_its_timeout(tmp_
     try:
         cfg = _cfg(model_dir, tmp_path / "run", **{"distributed.rollout_workers": 1, "distributed.learners": 2,
                                                    "distributed.ready_timeout_s": 1})
-        with pytest.raises(cluster.RoleFailed, match=r"could not place 2 learners x \{'CPU': 1.0\} within "
+        with pytest.raises(placement.RoleFailed, match=r"could not place 2 learners x \{'CPU': 1.0\} within "
                                                       r"distributed.ready_timeout_s=1 s"):
-            cluster.Roles(cfg)
+            roles.Roles(cfg)
     finally:
         remove_placement_group(busy)
 
@@ -238,7 +240,7 @@ def test_a_file_estimator_travels_to_nodes_that_do_not_have_it(tmp_path, model_d
     est.parent.mkdir()
     shutil.copy(Path(__file__).parents[1] / "examples" / "custom_estimator.py", est)
     cfg = _cfg(model_dir, tmp_path / "run", **{"distributed.rollout_workers": 1, "algorithm": f"{est}:RLOO"})
-    env, actor_cfg = cluster.shipped(cfg)
+    env, actor_cfg = placement.shipped(cfg)
     assert actor_cfg.algorithm == "my_rloo:RLOO" and str(est) in env["py_modules"]
     payload = actor_cfg.model_dump(mode="json", by_alias=True)
     # runtime_env uploads only at ray.init (job level): a Ray of its own, from another directory
@@ -249,35 +251,36 @@ def test_a_file_estimator_travels_to_nodes_that_do_not_have_it(tmp_path, model_d
 
 
 def test_sampled_log_probs_land_on_the_response_positions():
-    from rlvr.rollout import Completion
+    from rlvr.engines.base import Completion
 
     labels = torch.tensor([[5, 6, 7, 1], [5, 8, 9, 0]])
     mask = torch.tensor([[False, True, True, True], [False, True, True, False]])
     completions = [Completion(0, 0, "a", [6, 7, 1], "stop", [-0.5, -1.5, -0.1]),
                    Completion(0, 1, "b", [8, 4], "length", [-2.0, -3.0])]
-    out, unknown = train_module.sampled_log_probs(completions, labels, mask)
+    out, unknown = stages.sampled_log_probs(completions, labels, mask)
     assert unknown == 1  # row 1 trains [8, 9], but [8, 4] was sampled: a guard, score_rollouts never does this
     assert out[0, 1:].tolist() == pytest.approx([-0.5, -1.5, -0.1]) and torch.isnan(out[0, 0]) and torch.isnan(out[1]).all()
 
 
 def test_every_worker_generates_what_the_learner_weights_generate(tmp_path, model_dir):
-    from rlvr.data import DataOrder, load_split
-    from rlvr.hf_engine import HFEngine
-    from rlvr.models import load_model, load_tokenizer
-    from rlvr.prompts import get_prompt
-    from rlvr.rollout import SamplingParams
+    from rlvr.core.models import load_model, load_tokenizer
+    from rlvr.engines.base import SamplingParams
+    from rlvr.engines.hf import HFEngine
+    from rlvr.tasks.datasets import load_split
+    from rlvr.tasks.prompts import get_prompt
+    from rlvr.tasks.records import DataOrder
 
     cfg = _cfg(model_dir, tmp_path / "run", **{"distributed.rollout_workers": 2})
-    roles = cluster.Roles(cfg)
+    team = roles.Roles(cfg)
     try:
-        roles.setup_learners()
-        roles.push_weights(0)
+        team.setup_learners()
+        team.push_weights(0)
         train = load_split(cfg, "train", None)
         tokenizer = load_tokenizer(cfg.model)
-        loop = cluster._SyncLoop(cfg, roles, train, DataOrder(len(train), "t"), get_prompt(cfg.prompt), tokenizer,
+        loop = driver._SyncLoop(cfg, team, train, DataOrder(len(train), "t"), get_prompt(cfg.prompt), tokenizer,
                                  parity_reward, cfg.estimator, 0)
         loop.step()
-        weights = ray.get(roles.learners[0].weights.remote())
+        weights = ray.get(team.learners[0].weights.remote())
         model, _ = load_model(cfg.model)
         fresh = {k: v.clone() for k, v in model.state_dict().items()}
         model.load_state_dict(weights, strict=False)
@@ -285,11 +288,11 @@ def test_every_worker_generates_what_the_learner_weights_generate(tmp_path, mode
         prompts = ["1+2=", "7+1=", "3+3="]
         greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
         want = [c.text for c in HFEngine(model, tokenizer).generate(prompts, greedy)]
-        for w in roles.workers:
+        for w in team.workers:
             got, version = ray.get(w.generate.remote(prompts, greedy))
             assert version == 1 and [c.text for c in got] == want
     finally:
-        roles.close()
+        team.close()
 
 
 @ray.remote
@@ -302,20 +305,20 @@ class _Sleeper:
 
 def test_a_dead_or_silent_role_stops_the_run_naming_it(tmp_path, model_dir):
     cfg = _cfg(model_dir, tmp_path / "run", **{"distributed.rollout_workers": 1, "distributed.timeout_s": 1})
-    roles = cluster.Roles(cfg)
+    team = roles.Roles(cfg)
     try:
-        worker = roles.workers[0]
+        worker = team.workers[0]
         ray.get(worker.__ray_ready__.remote())
         sleeper = _Sleeper.remote()
-        roles.names[sleeper] = "rollout worker 7"
-        with pytest.raises(cluster.RoleFailed, match=r"no answer after 1 s from rollout worker 7 \(generating"):
-            roles.wait([sleeper.nap.remote(30)], [sleeper], "generating step 3")
+        team.names[sleeper] = "rollout worker 7"
+        with pytest.raises(placement.RoleFailed, match=r"no answer after 1 s from rollout worker 7 \(generating"):
+            team.wait([sleeper.nap.remote(30)], [sleeper], "generating step 3")
         ray.kill(worker)
-        with pytest.raises(cluster.RoleFailed, match=r"rollout worker 0 died \(generating step 2\).*resume=true"):
-            roles.wait([worker.generate.remote(["1+1="], None)], [worker], "generating step 2")
+        with pytest.raises(placement.RoleFailed, match=r"rollout worker 0 died \(generating step 2\).*resume=true"):
+            team.wait([worker.generate.remote(["1+1="], None)], [worker], "generating step 2")
         ray.kill(sleeper)
     finally:
-        roles.close()
+        team.close()
 
 
 def test_distributed_config_is_checked_before_any_model_loads(tmp_path, model_dir):

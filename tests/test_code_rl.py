@@ -11,15 +11,15 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from rlvr import loop_common
-from rlvr import rl as train_module
 from rlvr.cli import app
-from rlvr.code_tasks import code_response, code_task
 from rlvr.config import TrainConfig, load_config
-from rlvr.evaluate import evaluate
-from rlvr.prompts import get_prompt
-from rlvr.rollout import Completion, SamplingParams
-from rlvr.tracking import read_jsonl
+from rlvr.core.tracking import read_jsonl
+from rlvr.engines.base import Completion, SamplingParams
+from rlvr.stages import run as loop_common
+from rlvr.stages.evaluation import evaluate
+from rlvr.tasks.code import code_response, code_task
+from rlvr.tasks.prompts import get_prompt
+from rlvr.training import rl as train_module
 
 WRONG = " I return nothing. </think>\n```python\ndef f(*args):\n    return None\n```\n"
 UNCLOSED = " I keep thinking\n```python\ndef f(*args):\n    return None\n```\n"
@@ -83,7 +83,7 @@ def test_grpo_on_the_code_task_logs_sandbox_metrics(tmp_path, model_dir, monkeyp
 
 
 def _train_examples(cfg):
-    from rlvr.data import load_split
+    from rlvr.tasks.datasets import load_split
 
     return load_split(cfg, "train", cfg.train_limit)
 

@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from rlvr import code_tasks
-from rlvr.code_tasks import (
+from rlvr.config import ConfigError, EvalConfig, SFTConfig, TrainConfig, load_config
+from rlvr.tasks import code as code_tasks
+from rlvr.tasks.code import (
     CodeSpec,
     code_answer,
     code_families,
@@ -17,9 +18,10 @@ from rlvr.code_tasks import (
     code_task,
     load_code_jsonl,
 )
-from rlvr.config import ConfigError, EvalConfig, SFTConfig, TrainConfig, load_config
-from rlvr.data import DataError, Example, is_code_dataset, load_dataset, r1_zero_response
-from rlvr.prompts import get_prompt
+from rlvr.tasks.datasets import is_code_dataset, load_dataset
+from rlvr.tasks.gsm8k import r1_zero_response
+from rlvr.tasks.prompts import get_prompt
+from rlvr.tasks.records import DataError, Example
 
 LEVELS = (1, 2, 3)
 
@@ -382,7 +384,7 @@ def test_sft_config_takes_the_prompts_with_an_sft_target():
 
 
 def test_sft_trains_on_code_targets(tmp_path, model_dir):
-    from rlvr.sft import train_sft
+    from rlvr.training.sft import train_sft
 
     base = dict(model=str(model_dir), dataset="code:level=1", prompt="code", steps=2, batch_size=2,
                 microbatch_size=2, train_limit=8, eval_at_start=False, eval_at_end=False, eval_every=0,

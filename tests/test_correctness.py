@@ -11,15 +11,17 @@ import logging
 import pytest
 import torch
 
-from rlvr import estimators as E
-from rlvr import rl as train_module
-from rlvr.config import ConfigError, SamplingMismatchWarning, TrainConfig, load_config
-from rlvr.estimators import aggregate_loss_across_microbatch, compute_policy_gradient_loss, kl_penalty
-from rlvr.update import grpo_train_step
-from rlvr.policy import get_response_log_probs, tokenize_prompt_and_output
-from rlvr.tracking import read_jsonl
-
 from conftest import run_update
+from rlvr import stages
+from rlvr.algorithms import losses as L
+from rlvr.algorithms import spec as S
+from rlvr.algorithms.estimators import kl_penalty
+from rlvr.algorithms.losses import aggregate_loss_across_microbatch, compute_policy_gradient_loss
+from rlvr.algorithms.policy import get_response_log_probs, tokenize_prompt_and_output
+from rlvr.algorithms.train_step import grpo_train_step
+from rlvr.config import ConfigError, SamplingMismatchWarning, TrainConfig, load_config
+from rlvr.core.tracking import read_jsonl
+from rlvr.training import rl as train_module
 from test_train import _cfg, _parity, _strip, parity_reward  # noqa: F401 (_parity: the autouse reward)
 
 PROMPTS = ["Q: 2+2?\nA: <think>", "Q: 3+4?\nA: <think>"]
@@ -135,7 +137,7 @@ def test_grpo_train_step_entropy_is_the_whole_batch(tiny_model, tokenizer):
     with torch.no_grad():
         entropy = get_response_log_probs(tiny_model, batch["input_ids"], batch["labels"], True)["token_entropy"]
     expected = float((entropy * batch["response_mask"]).sum() / batch["response_mask"].sum())
-    from rlvr.rewards import r1_zero_reward_fn
+    from rlvr.tasks.rewards import r1_zero_reward_fn
 
     # RFT (baseline none): only the two right answers are trained; the entropy is still the batch's
     _, meta = grpo_train_step(tiny_model, tokenizer, torch.optim.SGD(tiny_model.parameters(), lr=0.0), 4, None,
@@ -150,8 +152,8 @@ def test_grpo_train_step_entropy_is_the_whole_batch(tiny_model, tokenizer):
 
 
 def test_rollout_entropy_matches_a_scoring_pass_at_the_sampling_temperature(tiny_model, tokenizer):
-    from rlvr.hf_engine import HFEngine
-    from rlvr.rollout import SamplingParams
+    from rlvr.engines.base import SamplingParams
+    from rlvr.engines.hf import HFEngine
 
     c = HFEngine(tiny_model, tokenizer).generate(PROMPTS[:1], SamplingParams(
         temperature=0.7, max_new_tokens=8, logprobs=True, entropy=True, seed=3))[0]
@@ -172,7 +174,7 @@ def test_steps_that_train_nothing_log_no_update_metrics_and_raise_no_alarm(tmp_p
         return parity_reward(response, truth) if calls["n"] <= 8 else {"reward": 1.0, "format_reward": 1.0,
                                                                           "answer_reward": 1.0}
 
-    monkeypatch.setattr(train_module, "build_reward_fn", lambda cfg, name: signal_then_none)
+    monkeypatch.setattr(stages, "build_reward_fn", lambda cfg, name: signal_then_none)
     with caplog.at_level(logging.WARNING):
         train_module.train_grpo(_cfg(model_dir, tmp_path / "run", steps=4, eval_every=0, eval_at_start=False,
                                      eval_at_end=False))
@@ -188,7 +190,7 @@ def test_steps_that_train_nothing_log_no_update_metrics_and_raise_no_alarm(tmp_p
 
 
 def test_monitor_alarms_on_entropy_only_for_steps_that_trained():
-    monitor = train_module.RunMonitor(max_new_tokens=10)
+    monitor = stages.RunMonitor(max_new_tokens=10)
     monitor.check({"train/token_entropy": 2.0})
     assert monitor.check({"train/token_entropy": 0.1, "train/kl": 9.0}, trained=False) == []
     assert any("entropy collapsing" in w for w in monitor.check({"train/token_entropy": 0.1}, trained=True))
@@ -204,7 +206,7 @@ def test_reinforce_presets_are_eq_14_and_20_sum_over_tokens():
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
     rewards = torch.tensor([1.0, 2.0, -1.0])
     for name in ("reinforce", "reinforce_with_baseline"):
-        preset = E.PRESETS[name]
+        preset = S.PRESETS[name]
         logp.grad = None
         per_token, _ = compute_policy_gradient_loss(rewards, logp, preset.importance_reweighting_method,
                                                     response_mask=mask)
@@ -217,7 +219,7 @@ def test_sum_aggregation_microbatches_add_up_to_the_batch():
     whole = aggregate_loss_across_microbatch(per_token, mask, "sum")
     assert float(whole) == pytest.approx((0 + 1 + 4 + 5 + 6 + 8) / 3)
     parts = sum(aggregate_loss_across_microbatch(per_token[i : i + 1], mask[i : i + 1], "sum")
-                * E.microbatch_loss_scale("sum", 1, 3) for i in range(3))
+                * L.microbatch_loss_scale("sum", 1, 3) for i in range(3))
     torch.testing.assert_close(parts, whole)
 
 
@@ -234,14 +236,14 @@ def test_rft_and_maxrl_use_correctness_not_the_shaped_reward(tmp_path, model_dir
         return {"reward": right + bonus, "format_reward": float(bonus > 0), "answer_reward": right}
 
     seen = []
-    real = train_module.compute_advantages
+    real = stages.rollouts.compute_advantages
 
     def spy(raw_rewards, *args, **kwargs):
         seen.append(raw_rewards.clone())
         return real(raw_rewards, *args, **kwargs)
 
-    monkeypatch.setattr(train_module, "build_reward_fn", lambda cfg, name: shaped)
-    monkeypatch.setattr(train_module, "compute_advantages", spy)
+    monkeypatch.setattr(stages, "build_reward_fn", lambda cfg, name: shaped)
+    monkeypatch.setattr(stages.rollouts, "compute_advantages", spy)
     train_module.train_grpo(_cfg(model_dir, tmp_path / algorithm, algorithm=algorithm, steps=2, eval_every=0,
                                  eval_at_start=False, eval_at_end=False, log_rollouts_every=1))
     logged = read_jsonl(tmp_path / algorithm / "rollouts.jsonl")
@@ -308,7 +310,7 @@ def test_kl_estimator_expected_gradients_and_the_default():
     torch.testing.assert_close(expected_gradient("k2"), exact("reverse"))
     torch.testing.assert_close(expected_gradient("k3"), exact("forward"))
     assert not torch.allclose(exact("reverse"), exact("forward"), atol=1e-3)
-    assert E.Preset("mean", "std", "none", "sequence").kl_estimator == "k2"
+    assert S.Preset("mean", "std", "none", "sequence").kl_estimator == "k2"
     assert load_config(TrainConfig, overrides={"beta": 0.1}).kl_estimator == "k2"
 
 
@@ -338,10 +340,10 @@ def test_log_probs_and_update_at_the_sampling_temperature(tiny_model, tokenizer)
 
 def test_the_loop_scores_at_the_rollout_temperature(tmp_path, model_dir, monkeypatch):
     seen = []
-    real_update, real_score = train_module.policy_gradient_update, train_module.score_log_probs
-    monkeypatch.setattr(train_module, "policy_gradient_update",
+    real_update, real_score = stages.learn.policy_gradient_update, stages.learn.score_log_probs
+    monkeypatch.setattr(stages.learn, "policy_gradient_update",
                         lambda *a, **kw: seen.append(("update", kw["temperature"])) or real_update(*a, **kw))
-    monkeypatch.setattr(train_module, "score_log_probs",
+    monkeypatch.setattr(stages.learn, "score_log_probs",
                         lambda *a, **kw: seen.append(("score", kw["temperature"])) or real_score(*a, **kw))
     train_module.train_grpo(_cfg(model_dir, tmp_path / "t", algorithm="offpolicy_clip", beta=0.1, temperature=0.7,
                                  steps=1, eval_every=0, eval_at_start=False, eval_at_end=False))
@@ -374,7 +376,7 @@ def test_baseline_none_with_std_normaliser_is_refused():
     with pytest.raises(ConfigError, match="baseline='none' with advantage_normalizer='std'"):
         load_config(TrainConfig, overrides={"algorithm": "rft", "advantage_normalizer": "std"})
     with pytest.raises(ValueError, match="1e6"):
-        E.Preset("none", "std", "none", "sequence").validate()
+        S.Preset("none", "std", "none", "sequence").validate()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -412,19 +414,19 @@ def test_no_validation_is_said_plainly_and_a_fresh_resumable_run_is_no_warning(t
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "resume" in r.getMessage()]
 
 
-def test_readme_algorithm_table_matches_the_preset_table():
+def test_the_algorithms_guide_table_matches_the_preset_table():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "algorithms.md").read_text(encoding="utf-8")
     rows = [line.strip("|").split("|") for line in readme.splitlines()
-            if line.startswith("| ") and line.split("|")[1].strip() in E.PRESETS]
+            if line.startswith("| ") and line.split("|")[1].strip() in S.PRESETS]
     table = {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows}
-    from rlvr.algorithms import BUILTIN_PRESETS  # not the rows other tests' estimators registered
+    from rlvr.algorithms.spec import BUILTIN_PRESETS  # not the rows other tests' estimators registered
 
     assert set(table) == set(BUILTIN_PRESETS)
     methods = {"none": "none", "noclip": "token ratio", "clip": "PPO clip", "gspo": "sequence geometric mean",
                "cispo": "capped"}
-    for name, p in ((n, E.PRESETS[n]) for n in BUILTIN_PRESETS):
+    for name, p in ((n, S.PRESETS[n]) for n in BUILTIN_PRESETS):
         baseline, normalizer, weighting, aggregation, steps, signal = table[name][:6]
         # on-policy distillation's advantage comes from the teacher, alone or added to the reward's
         expected = "teacher" if p.advantage == "none" and p.distill else p.reward_signal + (" + teacher" if p.distill else "")
@@ -437,7 +439,7 @@ def test_readme_algorithm_table_matches_the_preset_table():
 
 
 def test_correctness_of_a_combined_reward_does_not_depend_on_the_order_of_its_parts():
-    from rlvr.rewards import combine_rewards, format_reward_fn, r1_zero_reward_fn
+    from rlvr.tasks.rewards import combine_rewards, format_reward_fn, r1_zero_reward_fn
 
     right = " 2+2=4 </think> <answer> 4 </answer>"
     for parts in ([("r1_zero", r1_zero_reward_fn, 1.0), ("format", format_reward_fn(), 0.2)],

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr import rl as train_module
-from rlvr.algorithms import ADVANTAGES, EstimatorSpec, get_preset
+from rlvr import stages
+from rlvr.algorithms.spec import ADVANTAGES, EstimatorSpec, get_preset
 from rlvr.config import ConfigError, TrainConfig, load_config
-from rlvr.tracking import read_jsonl
-
+from rlvr.core.tracking import read_jsonl
+from rlvr.training import rl as train_module
 from test_train import _cfg, _parity, _strip  # noqa: F401 (_parity: the autouse reward)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom_estimator.py"
@@ -32,8 +32,8 @@ def test_rloo_advantages_hand_values():
 
 def test_rloo_trains_three_steps_with_its_own_advantages(tmp_path, model_dir, monkeypatch):
     seen = []
-    real = train_module.compute_advantages
-    monkeypatch.setattr(train_module, "compute_advantages",
+    real = stages.rollouts.compute_advantages
+    monkeypatch.setattr(stages.rollouts, "compute_advantages",
                         lambda raw, g, spec: seen.append((raw.clone(), spec)) or real(raw, g, spec))
     out = tmp_path / "rloo"
     train_module.train_grpo(_cfg(model_dir, out, algorithm=RLOO, steps=3, log_rollouts_every=1, eval_every=0,
@@ -82,7 +82,7 @@ def test_rloo_from_the_command_line_and_in_a_sweep_plan(tmp_path, model_dir):
                                       "generation_dtype=float32", "precision=fp32"])
     assert result.exit_code == 0, result.output
     assert "advantage: rloo" in (out / "config.yaml").read_text()
-    from rlvr.sweep import load_sweep, plan_sweep
+    from rlvr.experiments.sweep_plan import load_sweep, plan_sweep
 
     sweep_file = tmp_path / "sweep.yaml"
     sweep_file.write_text(f"name: s\nout: {tmp_path / 'sweep'}\nbase:\n  model: {model_dir}\n  steps: 1\n"
@@ -101,7 +101,7 @@ def test_a_bad_import_path_is_a_clear_config_error(tmp_path):
 
 
 def test_an_estimator_that_returns_no_metadata_still_gets_the_signal_statistics():
-    from rlvr.algorithms import compute_advantages, register_advantage
+    from rlvr.algorithms.spec import compute_advantages, register_advantage
 
     @register_advantage("test_raw")
     def raw(rewards, group_size, spec):

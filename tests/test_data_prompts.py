@@ -4,19 +4,12 @@ import re
 
 import pytest
 
-from rlvr.data import (
-    ArithmeticSpec,
-    DataError,
-    Example,
-    arithmetic,
-    few_shot_examples,
-    gsm8k,
-    load_dataset,
-    load_jsonl,
-    r1_zero_response,
-)
-from rlvr.prompts import get_prompt
-from rlvr.rewards import r1_zero_reward_fn
+from rlvr.tasks.arithmetic import ArithmeticSpec, arithmetic
+from rlvr.tasks.datasets import load_dataset
+from rlvr.tasks.gsm8k import few_shot_examples, gsm8k, r1_zero_response
+from rlvr.tasks.prompts import get_prompt
+from rlvr.tasks.records import DataError, Example, load_jsonl
+from rlvr.tasks.rewards import r1_zero_reward_fn
 
 
 def test_gsm8k_splits_are_fixed_disjoint_and_exclude_few_shot():
@@ -91,7 +84,7 @@ def test_arithmetic_task_is_seeded_consistent_and_graded_by_the_same_reward(name
 
 
 def test_r1_zero_sft_targets_earn_full_reward_on_all_of_gsm8k_train():
-    rows = load_jsonl(__import__("rlvr.data", fromlist=["_gsm8k_file"])._gsm8k_file("train"))
+    rows = load_jsonl(__import__("rlvr.tasks.gsm8k", fromlist=["gsm8k_file"]).gsm8k_file("train"))
     for ex in rows:
         response = r1_zero_response(ex)
         assert "<<" not in response

@@ -24,7 +24,7 @@ def test_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
     assert (out / "results.png").stat().st_size > 10_000 and str(out / "results.png") in last, last
     assert "test accuracy" in result.output
     # the figure's curve: the GRPO stage validated from step 0 (the SFT model) to its end, labelled as validation
-    from rlvr.tracking import read_jsonl
+    from rlvr.core.tracking import read_jsonl
 
     assert [r["step"] for r in read_jsonl(out / "grpo" / "metrics.jsonl") if "val/accuracy" in r] == [0, 1]
     assert "validation accuracy during GRPO (100 validation questions, greedy): " in result.output
@@ -58,7 +58,7 @@ def test_a_demo_directory_of_other_settings_is_refused_not_reused(tmp_path, mode
 
 
 def test_the_curves_interval_is_wilsons_inside_zero_and_one():
-    from rlvr.demo import _wilson
+    from rlvr.experiments.demo import _wilson
 
     lo, hi = _wilson(0.0, 10)  # 0 of 10: the normal interval would be [0, 0]
     assert lo == 0.0 and abs(hi - 0.27754) < 1e-5

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest import make_model, train_cfg
-from rlvr import devices
 from rlvr.config import ConfigError, EvalConfig, SFTConfig, TrainConfig, load_config
-from rlvr.devices import Placement, device_map, layer_plan, resolve, resolve_placement
+from rlvr.core import devices
+from rlvr.core.devices import Placement, device_map, layer_plan, resolve, resolve_placement
 
 
 def test_layer_plan_is_seed_000s_ceil_rule():
@@ -64,8 +64,8 @@ def test_a_device_this_machine_lacks_is_refused_naming_the_field():
 
 
 def test_a_missing_device_stops_rlvr_train_before_any_model_loads(tmp_path, monkeypatch):
-    from rlvr import loop_common
-    from rlvr.rl import train_grpo
+    from rlvr.stages import run as loop_common
+    from rlvr.training.rl import train_grpo
 
     monkeypatch.setattr(devices, "cuda_count", lambda: 2)
     loaded = []
@@ -101,8 +101,8 @@ def test_placement_defaults_and_seed_000s_remaining_gpus(monkeypatch):
 
 
 def test_engine_on_an_explicit_device_is_a_synced_copy(tiny_model, tokenizer):
-    from rlvr.hf_engine import HFEngine
-    from rlvr.rollout import SamplingParams
+    from rlvr.engines.base import SamplingParams
+    from rlvr.engines.hf import HFEngine
 
     shared = HFEngine(tiny_model, tokenizer)
     placed = HFEngine(tiny_model, tokenizer, device="cpu")
@@ -120,7 +120,7 @@ def _metrics(run_dir):
 
 def test_every_role_placed_on_cpu_gives_todays_numbers(tmp_path, model_dir):
     """The whole loop with an explicit all-cpu placement (reference in use: beta > 0) equals the default run."""
-    from rlvr.rl import train_grpo
+    from rlvr.training.rl import train_grpo
 
     common = dict(beta=0.05, steps=2)
     train_grpo(train_cfg(model_dir, tmp_path / "default", **common))
@@ -133,7 +133,7 @@ def test_every_role_placed_on_cpu_gives_todays_numbers(tmp_path, model_dir):
 
 def test_random_model_has_the_shipped_default_config_and_is_seeded():
     """What the GPU check measures: SmolLM2-135M-Instruct's shape, random weights, no download."""
-    from rlvr.models import default_config_dir, random_model
+    from rlvr.core.models import default_config_dir, random_model
 
     assert (default_config_dir() / "config.json").is_file()
     model = random_model(seed=1)
@@ -149,7 +149,7 @@ def test_random_model_has_the_shipped_default_config_and_is_seeded():
 
 
 def test_reduced_precision_falls_back_to_float32_only_on_a_cpu_without_native_kernels(monkeypatch):
-    from rlvr.devices import native_dtype
+    from rlvr.core.devices import native_dtype
 
     monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: False)
     assert native_dtype("bfloat16", "cpu") == "float32" and native_dtype("float16", torch.device("cpu")) == "float32"
@@ -164,7 +164,7 @@ def test_reduced_precision_falls_back_to_float32_only_on_a_cpu_without_native_ke
 
 
 def test_native_precision_rewrites_the_run_config_not_the_request(monkeypatch, tmp_path):
-    from rlvr.loop_common import native_precision
+    from rlvr.stages.run import native_precision
 
     cfg = load_config(TrainConfig, overrides={"out": str(tmp_path), "precision": "bf16",
                                               "generation_dtype": "bfloat16"})
@@ -184,7 +184,7 @@ def test_a_bf16_run_on_a_cpu_without_bf16_kernels_is_the_fp32_run_and_records_it
                                                                                          monkeypatch):
     """Emulated bf16 is tens of times slower than float32 (72x for a matmul on an AVX2-only EPYC): such a CPU
     runs the fp32 computation, while config.yaml keeps what was asked (a sweep's record still matches its plan)."""
-    from rlvr.rl import train_grpo
+    from rlvr.training.rl import train_grpo
 
     monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: False)
     train_grpo(train_cfg(model_dir, tmp_path / "fp32", steps=2))
@@ -199,7 +199,7 @@ def test_frozen_models_load_in_the_dtype_the_policy_computes_in(model_dir):
     # runs under bf16 autocast (every matmul rounds the weights to bf16 anyway); on the CPU fp32 stays
     import torch
 
-    from rlvr.loop_common import frozen_dtype, load_frozen
+    from rlvr.stages.run import frozen_dtype, load_frozen
 
     assert frozen_dtype("bf16", "cuda:0") == frozen_dtype("bf16", torch.device("cuda", 1)) == "bfloat16"
     assert frozen_dtype("fp32", "cuda:0") == frozen_dtype("bf16", "cpu") == frozen_dtype("fp32", "cpu") == "float32"

@@ -9,13 +9,14 @@ import itertools
 import pytest
 import torch
 
-from rlvr import rl as train_module
-from rlvr.config import ConfigError, TrainConfig, load_config
-from rlvr.estimators import aggregate_loss_across_microbatch, compute_policy_gradient_loss, distill_advantages
-from rlvr.policy import get_response_log_probs
-from rlvr.tracking import read_jsonl
-
 from conftest import make_model, make_tokenizer
+from rlvr import stages
+from rlvr.algorithms.estimators import distill_advantages
+from rlvr.algorithms.losses import aggregate_loss_across_microbatch, compute_policy_gradient_loss
+from rlvr.algorithms.policy import get_response_log_probs
+from rlvr.config import ConfigError, TrainConfig, load_config
+from rlvr.core.tracking import read_jsonl
+from rlvr.training import rl as train_module
 
 V, L = 3, 2  # vocabulary, response length: 9 responses, enumerated
 PROMPT = [0, 1]
@@ -146,7 +147,7 @@ def test_the_full_vocabulary_kl_by_its_definition(temperature, direction):
 def test_the_forward_kls_gradient_on_the_logits_is_p_minus_q():
     # the closed form: d KL(q || softmax(z)) / dz = softmax(z) - q -- it raises a token the teacher wants however
     # little mass the student gives it, where the reverse KL's gradient p (log p - log q - KL) is scaled by p
-    from rlvr.policy import _scores
+    from rlvr.algorithms.policy import _scores
 
     z = torch.tensor([[4.0, 0.0, -6.0]], dtype=torch.float64, requires_grad=True)
     q = torch.log(torch.tensor([[0.2, 0.1, 0.7]], dtype=torch.float64))
@@ -196,13 +197,13 @@ def _opd_cfg(model_dir, teacher_dir, out, **kw):
 
 def test_opd_trains_on_per_token_teacher_advantages(tmp_path, model_dir, teacher_dir, monkeypatch):
     seen = []
-    update = train_module.policy_gradient_update
+    update = stages.learn.policy_gradient_update
 
     def spy(model, optimizer, batch, spec, *args, **kwargs):
         seen.append(batch.advantages.clone())
         return update(model, optimizer, batch, spec, *args, **kwargs)
 
-    monkeypatch.setattr(train_module, "policy_gradient_update", spy)
+    monkeypatch.setattr(stages.learn, "policy_gradient_update", spy)
     cfg = _opd_cfg(model_dir, teacher_dir, tmp_path / "run")
     train_module.train_grpo(cfg)
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
@@ -224,13 +225,13 @@ def test_opd_with_the_student_as_its_own_teacher_has_nothing_to_learn(tmp_path, 
 def test_opd_with_the_full_vocabulary_kl_trains_every_token_on_it(direction, tmp_path, model_dir, teacher_dir,
                                                                   monkeypatch):
     seen = []
-    update = train_module.policy_gradient_update
+    update = stages.learn.policy_gradient_update
 
     def spy(model, optimizer, batch, spec, *args, **kwargs):
         seen.append((batch.advantages.clone(), kwargs.get("teacher")))
         return update(model, optimizer, batch, spec, *args, **kwargs)
 
-    monkeypatch.setattr(train_module, "policy_gradient_update", spy)
+    monkeypatch.setattr(stages.learn, "policy_gradient_update", spy)
     train_module.train_grpo(_opd_cfg(model_dir, teacher_dir, tmp_path / "run", distill_kl=direction))
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     advantages, teacher = seen[0]

@@ -10,14 +10,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from rlvr import dpo as dpo_module
-from rlvr import loop_common
+from rlvr.algorithms.losses import dpo_loss
 from rlvr.cli import app
 from rlvr.config import ConfigError, DPOConfig, load_config
-from rlvr.data import DataError
-from rlvr.estimators import dpo_loss
-from rlvr.rollout import Completion
-from rlvr.tracking import read_jsonl
+from rlvr.core.tracking import read_jsonl
+from rlvr.engines.base import Completion
+from rlvr.stages import run as loop_common
+from rlvr.tasks.records import DataError
+from rlvr.training import dpo as dpo_module
 
 
 def test_dpo_loss_by_hand():
@@ -83,7 +83,7 @@ class GradedStub:
 
 
 def test_dpo_from_graded_rollouts_pairs_right_with_wrong(tmp_path, model_dir, monkeypatch):
-    from rlvr.data import load_split
+    from rlvr.tasks.datasets import load_split
 
     cfg = _cfg(model_dir, tmp_path / "run", pairs_per_question=2)
     answers = {q.question: q.answer for q in load_split(cfg, "train")}

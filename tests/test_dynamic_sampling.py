@@ -4,8 +4,9 @@ questions, so every trained group carries signal."""
 import pytest
 
 from conftest import train_cfg
-from rlvr import rl as train_module
-from rlvr.tracking import read_jsonl
+from rlvr import stages
+from rlvr.core.tracking import read_jsonl
+from rlvr.training import rl as train_module
 
 
 def even_answers_only(response: str, ground_truth: str) -> dict:
@@ -16,7 +17,7 @@ def even_answers_only(response: str, ground_truth: str) -> dict:
 
 @pytest.fixture(autouse=True)
 def _reward(monkeypatch):
-    monkeypatch.setattr(train_module, "build_reward_fn", lambda cfg, name: even_answers_only)
+    monkeypatch.setattr(stages, "build_reward_fn", lambda cfg, name: even_answers_only)
 
 
 def _cfg(model_dir, out, **kw):
@@ -93,7 +94,7 @@ def _rows_per_step(out):
 def test_dynamic_sampling_keeps_the_groups_its_estimator_learns_from(tmp_path, model_dir, monkeypatch):
     """Issue 36 item 4: RFT has no baseline, so an all-right group carries all of its signal: kept, in one round,
     where a spread test would throw every group away and train the oversized last round."""
-    monkeypatch.setattr(train_module, "build_reward_fn", lambda cfg, name: always_right)
+    monkeypatch.setattr(stages, "build_reward_fn", lambda cfg, name: always_right)
     out = tmp_path / "rft"
     train_module.train_grpo(_cfg(model_dir, out, algorithm="rft", steps=2, dynamic_sampling=True,
                                  dynamic_sampling_rounds=3))
@@ -107,7 +108,7 @@ def test_dynamic_sampling_with_nothing_to_learn_trains_no_more_than_a_batch(tmp_
     """REINFORCE, one sample a question, every answer wrong: no question has signal in any round; the step
     takes one batch of the last round (8 rollouts), not the 4 x 8 that round generated, and rollout metrics
     describe all 8 + 32 + 32 sampled, with the kept batch's beside them."""
-    monkeypatch.setattr(train_module, "build_reward_fn", lambda cfg, name: always_wrong)
+    monkeypatch.setattr(stages, "build_reward_fn", lambda cfg, name: always_wrong)
     out = tmp_path / "reinforce"
     train_module.train_grpo(_cfg(model_dir, out, algorithm="reinforce", group_size=1, rollout_batch_size=8, steps=1,
                                  dynamic_sampling=True, dynamic_sampling_rounds=3))

@@ -6,16 +6,16 @@ import typing
 import pytest
 import torch
 
-from rlvr import estimators as E
-from rlvr.estimators import (
-    aggregate_loss_across_microbatch,
+from rlvr.algorithms import losses as L
+from rlvr.algorithms import spec as S
+from rlvr.algorithms.estimators import (
     compute_entropy,
     compute_group_normalized_rewards,
-    compute_policy_gradient_loss,
     kl_penalty,
     masked_mean,
     masked_normalize,
 )
+from rlvr.algorithms.losses import aggregate_loss_across_microbatch, compute_policy_gradient_loss
 
 EPS = 1e-6
 
@@ -377,7 +377,7 @@ def _grad_rows(method, aggregation, logp, old, mask, adv, constant, row_groups, 
         )
         norm = {"constant": constant, "token": total_tokens, "sequence": None, "sum": None}[aggregation]
         mb = aggregate_loss_across_microbatch(loss, mask[rows], aggregation, norm)
-        (mb * E.microbatch_loss_scale(aggregation, len(rows), n_total)).backward()
+        (mb * L.microbatch_loss_scale(aggregation, len(rows), n_total)).backward()
     return x.grad
 
 
@@ -415,7 +415,7 @@ def test_pruning_zero_advantage_rollouts_keeps_the_gradient(method, aggregation)
 
 
 def test_presets_match_the_assignment_settings():
-    P = E.PRESETS
+    P = S.PRESETS
     assert (P["grpo"].baseline, P["grpo"].advantage_normalizer, P["grpo"].loss_normalization) == ("mean", "std", "sequence")
     assert (P["grpo_constant"].advantage_normalizer, P["grpo_constant"].loss_normalization) == ("std", "constant")
     assert (P["dr_grpo"].baseline, P["dr_grpo"].advantage_normalizer, P["dr_grpo"].loss_normalization) == ("mean", "none", "constant")
@@ -435,30 +435,29 @@ def test_presets_match_the_assignment_settings():
 
 def test_unknown_preset_lists_valid_names():
     with pytest.raises(ValueError, match=r"unknown algorithm 'ppo'; valid: reinforce, .*dr_grpo.*dapo"):
-        E.get_preset("ppo")
+        S.get_preset("ppo")
     with pytest.raises(ValueError, match="needs cliprange"):
-        E.Preset("mean", "std", "clip", "sequence").validate()
+        S.Preset("mean", "std", "clip", "sequence").validate()
 
 
-def test_the_old_name_of_the_clip_still_works_with_a_warning():
-    with pytest.warns(DeprecationWarning, match="'grpo' is now called 'clip'"):
-        old, _ = compute_policy_gradient_loss(A, LOGP, "grpo", old_log_probs=OLD, cliprange=0.2)
-    new, _ = compute_policy_gradient_loss(A, LOGP, "clip", old_log_probs=OLD, cliprange=0.2)
-    assert torch.equal(old, new)
-    from rlvr.config import TrainConfig, load_config
+def test_the_removed_name_of_the_clip_is_refused_with_the_valid_ones():
+    # "grpo" was the PPO clip's old importance-method name, kept for one release (issue 37 removed it)
+    with pytest.raises(ValueError, match=r"importance_reweighting_method='grpo' is not one of .*'clip'"):
+        compute_policy_gradient_loss(A, LOGP, "grpo", old_log_probs=OLD, cliprange=0.2)
+    from rlvr.config import ConfigError, TrainConfig, load_config
 
-    with pytest.warns(DeprecationWarning):
-        cfg = load_config(TrainConfig, overrides={"algorithm": "offpolicy_naive", "importance_reweighting_method": "grpo",
-                                                  "cliprange": 0.2})
-    assert cfg.importance_reweighting_method == "clip"
+    with pytest.raises(ConfigError, match="importance_reweighting_method"):
+        load_config(TrainConfig, overrides={"algorithm": "offpolicy_naive", "importance_reweighting_method": "grpo",
+                                            "cliprange": 0.2})
 
 
 def test_rollout_correction_weights_by_hand():
     """Issue 36 item 2: rho_t = pi_old / mu per token; truncated (TIS) or masked (IcePop) per token or sequence."""
     import math
 
+    from rlvr.algorithms.estimators import ROLLOUT_CORRECTIONS
+    from rlvr.algorithms.losses import rollout_correction_weights
     from rlvr.config import RolloutCorrectionMode
-    from rlvr.estimators import ROLLOUT_CORRECTIONS, rollout_correction_weights
 
     assert ROLLOUT_CORRECTIONS == typing.get_args(RolloutCorrectionMode)  # the config's copy of the names
     old = torch.log(torch.tensor([[0.6, 0.5, 0.2, 0.9], [0.3, 0.3, 0.3, 0.3]]))

@@ -7,11 +7,11 @@ import pytest
 from typer.testing import CliRunner
 
 from rlvr.cli import app
-from rlvr.data import Example
-from rlvr.evaluate import evaluate, pass_at_k, summarize, write_results
-from rlvr.prompts import get_prompt
-from rlvr.hf_engine import HFEngine
-from rlvr.rollout import Completion, SamplingParams
+from rlvr.engines.base import Completion, SamplingParams
+from rlvr.engines.hf import HFEngine
+from rlvr.stages.evaluation import evaluate, pass_at_k, summarize, write_results
+from rlvr.tasks.prompts import get_prompt
+from rlvr.tasks.records import Example
 
 
 def _record(q, reward, fmt, tokens=10, finish="stop"):
@@ -196,7 +196,7 @@ def test_evaluate_grades_each_completion_by_its_prompt_index_not_its_position():
 
 def test_validate_reports_the_stub_score_as_val_metrics():
     from rlvr.config import TrainConfig
-    from rlvr.loop_common import validate
+    from rlvr.stages.evaluation import validate
 
     cfg = TrainConfig(eval_samples=4, eval_temperature=0.7, eval_max_new_tokens=24, seed=5)
     engine, policy = StubEngine(), object()

@@ -16,18 +16,25 @@ from typer.testing import CliRunner
 
 from rlvr.cli import app
 from rlvr.config import ConfigError, TrainConfig
-from rlvr.plots import FIGURES, MINUTES_FIGURE, build_figures, lr_figure, minutes_figure
-from rlvr.report import fmt_difference, fmt_spread, sample_rollouts
-from rlvr.runs import (
-    difference, metric_bounds, runs_to_resolve,
-    differing_fields, group_runs, label_fields, load_groups, load_runs, metric_series, per_step_spread, spread,
-    summarize, write_summary,
+from rlvr.core.checkpoint import model_digest
+from rlvr.core.tracking import read_jsonl
+from rlvr.experiments.plots import FIGURES, MINUTES_FIGURE, build_figures, lr_figure, minutes_figure
+from rlvr.experiments.report import fmt_difference, fmt_spread, sample_rollouts
+from rlvr.experiments.runs import (
+    differing_fields,
+    group_runs,
+    label_fields,
+    load_groups,
+    load_runs,
+    metric_series,
+    per_step_spread,
+    summarize,
+    write_summary,
 )
-from rlvr.sweep import (
-    LOCK, _prepare, expand_grid, load_sweep, plan_sweep, restore_record, run_name, run_status, run_sweep,
-)
-from rlvr.checkpoint import model_digest
-from rlvr.tracking import read_jsonl
+from rlvr.experiments.stats import difference, metric_bounds, runs_to_resolve, spread
+from rlvr.experiments.sweep import _prepare, run_sweep
+from rlvr.experiments.sweep_plan import LOCK, expand_grid, load_sweep, plan_sweep, run_name, run_status
+from rlvr.experiments.sweep_records import restore_record
 
 # ----------------------------------------------------------------------------------------------------
 # Synthetic run directories: 2 algorithms x 3 seeds, validation at steps 0, 2, 4.
@@ -97,7 +104,7 @@ def half_width(values):
 
 
 def test_t_quantile_matches_the_printed_table_and_interpolates_between():
-    from rlvr.runs import t_quantile
+    from rlvr.experiments.stats import t_quantile
 
     assert t_quantile(1) == pytest.approx(12.706, abs=1e-3)  # n = 2: 6.5x the normal 1.96
     assert t_quantile(2) == pytest.approx(4.303, abs=1e-3)  # n = 3
@@ -152,7 +159,7 @@ def test_difference_of_two_groups_is_the_pooled_two_sample_t_interval():
 
 
 def test_questions_that_would_resolve_a_difference_leave_the_training_variance_alone():
-    from rlvr.runs import questions_to_resolve
+    from rlvr.experiments.stats import questions_to_resolve
 
     # training variance 0.0025 - 0.7 * 0.3 / 300 = 0.0018; room = 0.01 * 3 / (2 * 2.7764^2) - 0.0018 = 1.459e-4
     assert questions_to_resolve(0.1, 0.0025, 0.7, 300, 3) == 1440
@@ -644,7 +651,7 @@ def test_a_record_keeps_finished_runs_without_weights_and_a_fresh_machine_restor
                                                       "rollouts.jsonl"]
     info = json.loads((kept / "RECORD.json").read_text())
     assert info["machine"]["cores"] == os.cpu_count() and info["start_model_sha256"] is None  # a hub name
-    from rlvr.devices import cpu_has_native
+    from rlvr.core.devices import cpu_has_native
 
     assert info["machine"]["native_bf16"] is cpu_has_native("bfloat16")  # False: its bf16 config ran in fp32
     assert json.loads((kept / "DONE").read_text()) == {"val/accuracy": 0.7}
@@ -673,7 +680,7 @@ def test_a_record_keeps_finished_runs_without_weights_and_a_fresh_machine_restor
             (0, True, 0.5), (1, True, 0.7), (0, True, 0.2)]
     # `rlvr train` into a restored record refuses rather than overwrite its logs
     with pytest.raises(FileExistsError, match="already holds a run"):
-        from rlvr.loop_common import start_run
+        from rlvr.stages.run import start_run
         start_run(plan[1].config)
 
     # a record made before a field existed matches while the sweep keeps that field's default (the old behaviour)
@@ -707,7 +714,7 @@ def test_a_record_keeps_finished_runs_without_weights_and_a_fresh_machine_restor
     assert (copy / "DONE").is_file() and (copy / "REUSED").is_file() and not (copy / "final").exists()
     # the reused run keeps the record's provenance, and so does its record in the other sweep (not this machine's)
     assert (copy / "RECORD.json").read_text() == (record / "learning_rate=1e-05,seed=1" / "RECORD.json").read_text()
-    from rlvr.sweep import record_run
+    from rlvr.experiments.sweep_records import record_run
     other = record_run(copy, tmp_path / "twin_record" / "seed=1", plan[1].config)
     assert (other / "RECORD.json").read_text() == (copy / "RECORD.json").read_text()
     assert summarize(load_groups([copy])).runs[0].final_val_accuracy == 0.7

@@ -10,7 +10,7 @@ import time
 import pytest
 import yaml
 
-from rlvr.tracking import read_jsonl
+from rlvr.core.tracking import read_jsonl
 
 TINY = {"dataset": "arithmetic:steps=1,max=9", "rollout_batch_size": 4, "group_size": 2, "max_new_tokens": 6,
         "microbatch_size": 4, "eval_limit": 1, "eval_max_new_tokens": 2, "eval_every": 0, "eval_at_start": False,

@@ -25,7 +25,7 @@ def _no_tf32():
 
 
 def _batch(tokenizer, rows: int = 6):
-    from rlvr.policy import tokenize_prompt_and_output
+    from rlvr.algorithms.policy import tokenize_prompt_and_output
 
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(rows)]
     outputs = [f" the answer is {i * 7} and then some words {i}" for i in range(rows)]
@@ -34,7 +34,7 @@ def _batch(tokenizer, rows: int = 6):
 
 @pytest.mark.parametrize("precision,tolerance", [("fp32", 1e-4), ("bf16", 2e-2)])
 def test_cuda_log_probs_equal_the_cpus(tokenizer, precision, tolerance):
-    from rlvr.policy import autocast, get_response_log_probs
+    from rlvr.algorithms.policy import autocast, get_response_log_probs
 
     cpu = make_model(len(tokenizer), layers=4, hidden=64)
     cuda = make_model(len(tokenizer), layers=4, hidden=64).cuda()
@@ -53,8 +53,8 @@ def test_cuda_log_probs_equal_the_cpus(tokenizer, precision, tolerance):
 
 
 def test_engine_greedy_equals_model_generate_on_cuda(tokenizer):
-    from rlvr.hf_engine import HFEngine
-    from rlvr.rollout import SamplingParams
+    from rlvr.engines.base import SamplingParams
+    from rlvr.engines.hf import HFEngine
 
     model = make_model(len(tokenizer), layers=4, hidden=64).cuda()
     engine = HFEngine(model, tokenizer, batch_size=8)
@@ -70,9 +70,9 @@ def test_engine_greedy_equals_model_generate_on_cuda(tokenizer):
 def test_engine_samples_on_cuda_with_rows_leaving_the_batch(tokenizer):
     """Sampling, log-probs, entropies, a stop string and finished rows compacted away, all on the GPU: the same
     call twice gives the same tokens, and each row's log-probs are its tokens' under the model."""
-    from rlvr.hf_engine import HFEngine
-    from rlvr.policy import get_response_log_probs
-    from rlvr.rollout import SamplingParams
+    from rlvr.algorithms.policy import get_response_log_probs
+    from rlvr.engines.base import SamplingParams
+    from rlvr.engines.hf import HFEngine
 
     model = make_model(len(tokenizer), layers=4, hidden=64).cuda()
     engine = HFEngine(model, tokenizer, batch_size=16)
@@ -90,7 +90,7 @@ def test_engine_samples_on_cuda_with_rows_leaving_the_batch(tokenizer):
 
 
 def test_bf16_engine_copy_on_cuda_syncs_device_to_device(tokenizer):
-    from rlvr.hf_engine import HFEngine
+    from rlvr.engines.hf import HFEngine
 
     policy = make_model(len(tokenizer), layers=2, hidden=64).cuda()
     engine = HFEngine(policy, tokenizer, dtype="bfloat16", device="cuda")
@@ -106,9 +106,9 @@ def test_bf16_engine_copy_on_cuda_syncs_device_to_device(tokenizer):
 
 
 def test_rlvr_train_three_steps_on_cuda(tmp_path, model_dir, caplog):
-    from rlvr.rl import train_grpo
+    from rlvr.training.rl import train_grpo
 
-    caplog.set_level("INFO", logger="rlvr.loop_common")
+    caplog.set_level("INFO", logger="rlvr.stages.run")
     cfg = train_cfg(model_dir, tmp_path / "run", device="cuda", precision="bf16", generation_dtype="bfloat16",
                     beta=0.05)
     summary = train_grpo(cfg)
@@ -124,7 +124,7 @@ def test_rlvr_train_three_steps_on_cuda(tmp_path, model_dir, caplog):
 
 def test_rlvr_sft_on_cuda_matches_the_cpu_loss(tmp_path, model_dir):
     from rlvr.config import SFTConfig, load_config
-    from rlvr.sft import train_sft
+    from rlvr.training.sft import train_sft
 
     losses = {}
     for device in ("cpu", "cuda"):
@@ -140,8 +140,8 @@ def test_rlvr_sft_on_cuda_matches_the_cpu_loss(tmp_path, model_dir):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="a layer split needs two CUDA devices")
 def test_policy_split_over_two_gpus_scores_and_trains_like_one(tokenizer, model_dir):
-    from rlvr.models import load_model
-    from rlvr.policy import get_response_log_probs
+    from rlvr.algorithms.policy import get_response_log_probs
+    from rlvr.core.models import load_model
 
     split, _ = load_model(str(model_dir), device=["cuda:0", "cuda:1"])
     whole, _ = load_model(str(model_dir), device="cuda:0")

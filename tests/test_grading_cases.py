@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlvr.rewards import get_reward_fn, grade_answer, grading_stats
+from rlvr.tasks.rewards import get_reward_fn, grade_answer, grading_stats
 
 RIGHT, REWRITTEN, WRONG = "right", "rewritten", "wrong"
 

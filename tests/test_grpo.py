@@ -6,11 +6,13 @@ import copy
 import pytest
 import torch
 
-from rlvr.estimators import aggregate_loss_across_microbatch, compute_group_normalized_rewards, compute_policy_gradient_loss
 from conftest import run_update
-from rlvr.update import NonFiniteLoss, grpo_train_step
-from rlvr.policy import tokenize_prompt_and_output
-from rlvr.rewards import r1_zero_reward_fn
+from rlvr.algorithms.estimators import compute_group_normalized_rewards
+from rlvr.algorithms.losses import aggregate_loss_across_microbatch, compute_policy_gradient_loss
+from rlvr.algorithms.policy import tokenize_prompt_and_output
+from rlvr.algorithms.train_step import grpo_train_step
+from rlvr.algorithms.update import NonFiniteLoss
+from rlvr.tasks.rewards import r1_zero_reward_fn
 
 G = 3
 PROMPTS = ["Q: 2+2?\nA: <think>", "Q: 3+4?\nA: <think>", "Q: 9-1?\nA: <think>"]

@@ -8,22 +8,24 @@ import math
 import pytest
 import torch
 
-from rlvr import rl as train_module
-from rlvr.algorithms import PRESETS
-from rlvr.policy import tokenize_prompt_and_output
-
 from conftest import run_update
+from rlvr import stages
+from rlvr.algorithms.policy import tokenize_prompt_and_output
+from rlvr.algorithms.spec import PRESETS
+from rlvr.training import rl as train_module
 from test_train import _cfg, _parity, parity_reward  # noqa: F401 (_parity: the autouse reward with signal in every group)
 
 
 def _spy(monkeypatch, name, calls):
-    real = getattr(train_module, name)
+    # the stage that calls it: score_rollouts computes the advantages, train_on_rollouts runs the update
+    module = stages.rollouts if name == "compute_advantages" else stages.learn
+    real = getattr(module, name)
 
     def wrapper(*args, **kwargs):
         calls.append((args, kwargs))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train_module, name, wrapper)
+    monkeypatch.setattr(module, name, wrapper)
 
 
 @pytest.mark.parametrize("algorithm", list(PRESETS))
@@ -43,7 +45,7 @@ def test_every_preset_reaches_the_advantages_and_the_update(tmp_path, model_dir,
         make_tokenizer().save_pretrained(extra["teacher"])
     cfg = _cfg(model_dir, tmp_path / algorithm, algorithm=algorithm, steps=2, eval_every=0, eval_at_start=False,
                eval_at_end=False, **extra)
-    from rlvr.models import load_model
+    from rlvr.core.models import load_model
 
     start = {n: p.detach().clone() for n, p in load_model(cfg.model)[0].named_parameters()}
     train_module.train_grpo(cfg)
@@ -104,13 +106,13 @@ def test_the_kl_term_alone_pulls_the_policy_toward_the_reference(tiny_model, tok
 def test_learning_rate_of_every_optimizer_step_is_the_schedule(tmp_path, model_dir, monkeypatch):
     # off-policy: 4 optimizer steps per rollout batch, 3 rollout batches -> 12 steps, warmup 2, cosine to 10 %
     seen = []
-    real = train_module.policy_gradient_update
+    real = stages.learn.policy_gradient_update
 
     def recording(model, optimizer, *args, **kwargs):
         seen.append(optimizer.param_groups[0]["lr"])
         return real(model, optimizer, *args, **kwargs)
 
-    monkeypatch.setattr(train_module, "policy_gradient_update", recording)
+    monkeypatch.setattr(stages.learn, "policy_gradient_update", recording)
     lr, total, warmup, floor = 1e-3, 12, 2, 0.1
     train_module.train_grpo(_cfg(model_dir, tmp_path / "lr", algorithm="offpolicy_clip", steps=3, lr_schedule="cosine",
                                  warmup_steps=warmup, min_lr_ratio=floor, learning_rate=lr, eval_every=0,
@@ -123,7 +125,7 @@ def test_learning_rate_of_every_optimizer_step_is_the_schedule(tmp_path, model_d
         return lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
     assert seen == pytest.approx([schedule(s) for s in range(total)], rel=1e-9, abs=1e-15)
-    from rlvr.tracking import read_jsonl
+    from rlvr.core.tracking import read_jsonl
 
     logged = [r["train/lr"] for r in read_jsonl(tmp_path / "lr" / "metrics.jsonl")]
     assert logged == pytest.approx([schedule(4), schedule(8), schedule(12)], rel=1e-9)
@@ -132,16 +134,16 @@ def test_learning_rate_of_every_optimizer_step_is_the_schedule(tmp_path, model_d
 def test_the_trained_response_is_the_sampled_ids_eos_included(tmp_path, model_dir, tiny_model, tokenizer):
     """Issue 36 item 3: what the update trains (labels under the response mask) is each rollout's sampled ids,
     EOS included when it was sampled, where decoding and re-encoding the text would give other ids."""
-    from rlvr.data import Example
-    from rlvr.hf_engine import HFEngine
-    from rlvr.rollout import SamplingParams
+    from rlvr.engines.base import SamplingParams
+    from rlvr.engines.hf import HFEngine
+    from rlvr.tasks.records import Example
 
     cfg = _cfg(model_dir, tmp_path / "run", rollout_batch_size=64, group_size=32, max_new_tokens=40)
     engine = HFEngine(tiny_model, tokenizer, batch_size=64)
     prompts = ["1+2=", "3*4="]
     completions = engine.generate(prompts, SamplingParams(max_new_tokens=40, n=32, seed=3))
-    rollouts = train_module.Rollouts([Example("1+2", "3"), Example("3*4", "12")], prompts, completions)
-    scored = train_module.score_rollouts(rollouts, parity_reward, PRESETS["grpo"], cfg, tokenizer)
+    rollouts = stages.Rollouts([Example("1+2", "3"), Example("3*4", "12")], prompts, completions)
+    scored = stages.score_rollouts(rollouts, parity_reward, PRESETS["grpo"], cfg, tokenizer)
     batch = scored.batch
     trained = [batch.labels[j][batch.response_mask[j]].tolist() for j in range(len(completions))]
     assert trained == [c.token_ids for c in completions]
@@ -159,8 +161,8 @@ def test_every_step_measures_the_rollout_trainer_mismatch_and_corrects_it(tmp_pa
     """Issue 36 item 2: a synchronous run with a bf16 engine and an fp32 learner logs the mismatch of the
     engine's sampling log-probs against the trainer's, and weights the loss by the correction (default
     token_tis); with mode none it is measured and not applied."""
-    from rlvr import devices
-    from rlvr.tracking import read_jsonl
+    from rlvr.core import devices
+    from rlvr.core.tracking import read_jsonl
 
     # a CPU without native bf16 kernels runs a bf16 engine in fp32 (no mismatch to measure): keep it bf16 here
     monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: True)

@@ -1,5 +1,6 @@
-"""Data-parallel learners (rlvr.parallel): two gloo processes make exactly the update one process makes."""
+"""Data-parallel learners (rlvr.distributed.parallel): two gloo processes make exactly the update one process makes."""
 
+import dataclasses
 import socket
 
 import pytest
@@ -7,11 +8,9 @@ import torch
 import torch.multiprocessing as mp
 
 from conftest import make_model, make_tokenizer
-from rlvr.algorithms import get_preset
-from rlvr.parallel import shard_rows
-from rlvr.update import TrainBatch, policy_gradient_update
-
-import dataclasses
+from rlvr.algorithms.spec import get_preset
+from rlvr.algorithms.update import TrainBatch, policy_gradient_update
+from rlvr.distributed.parallel import shard_rows
 
 
 def _free_port() -> int:
@@ -60,7 +59,7 @@ def _train(model, batches, spec, parallel=None):
 
 
 def _worker(rank: int, world: int, port: int, aggregation: str, out: str):
-    from rlvr.parallel import init_learner_group
+    from rlvr.distributed.parallel import init_learner_group
 
     torch.set_num_threads(1)
     parallel = init_learner_group(rank, world, "127.0.0.1", port, backend="gloo", device="cpu", timeout_s=60)
@@ -140,7 +139,7 @@ def test_shards_keep_prompts_together_and_cover_every_row_once():
 def test_truncated_importance_sampling_weights_each_token_by_the_capped_ratio():
     """With sampling-time log-probs mu, the on-policy loss of each token is weighted by min(pi / mu, cap): the
     same step as per-token advantages A * w."""
-    from rlvr.update import RolloutCorrection, score_log_probs
+    from rlvr.algorithms.update import RolloutCorrection, score_log_probs
 
     batch = _batch(3)
     spec = _spec("sequence")
@@ -165,7 +164,7 @@ def test_truncated_importance_sampling_weights_each_token_by_the_capped_ratio():
 
 
 def test_a_group_refuses_a_tensor_on_another_device_and_nccl_on_the_cpu():
-    from rlvr.parallel import Group
+    from rlvr.distributed.parallel import Group
 
     group = Group("gloo", "meta", 60.0)
     with pytest.raises(ValueError, match=r"all_reduce: a tensor on cpu sent to a gloo group on meta"):
@@ -180,7 +179,7 @@ def test_statistics_are_reduced_on_the_groups_device_not_the_cpu():
     """The learners' sums and maxima (update.py) go on the group's device: on GPUs an NCCL group has no CPU
     backend, and the old code made them float64 CPU tensors whatever the group. A group declared on `meta`
     (a device that is not the CPU) sees where they are made."""
-    from rlvr.parallel import DataParallel
+    from rlvr.distributed.parallel import DataParallel
 
     class Meta(_Declared):
         def all_reduce(self, tensor, op=torch.distributed.ReduceOp.SUM):
@@ -224,8 +223,8 @@ def test_one_backend_per_group_from_where_its_ranks_run():
 
 
 def test_an_actor_runs_where_ray_put_it(monkeypatch):
-    from rlvr import devices
-    from rlvr.devices import actor_device
+    from rlvr.core import devices
+    from rlvr.core.devices import actor_device
 
     monkeypatch.setattr(devices, "cuda_count", lambda: 8)  # Ray >= 2.60: an actor without GPUs still sees them
     assert actor_device("auto", 0, [], "f") == torch.device("cpu")
@@ -244,7 +243,7 @@ def test_an_actor_runs_where_ray_put_it(monkeypatch):
 def test_a_learner_that_does_not_see_the_drivers_run_directory_stops(tmp_path, monkeypatch):
     import ray
 
-    from rlvr.cluster import check_shared_run_dir, write_run_token
+    from rlvr.distributed.placement import check_shared_run_dir, write_run_token
 
     monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "10.0.0.7")
     token = write_run_token(tmp_path)
@@ -256,11 +255,11 @@ def test_a_learner_that_does_not_see_the_drivers_run_directory_stops(tmp_path, m
 
 
 def test_paths_are_made_absolute_on_the_driver(tmp_path, monkeypatch):
-    from rlvr.cluster import absolute_paths
     from rlvr.config import TrainConfig
+    from rlvr.distributed.placement import absolute_paths
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "est.py").write_text("from rlvr.algorithms import get_preset\nSPEC = get_preset('grpo')\n")
+    (tmp_path / "est.py").write_text("from rlvr.algorithms.spec import get_preset\nSPEC = get_preset('grpo')\n")
     (tmp_path / "m").mkdir()
     cfg = absolute_paths(TrainConfig(out="runs/x", model="m", algorithm="est.py:SPEC"))
     assert cfg.out == str(tmp_path / "runs/x") and cfg.model == str(tmp_path / "m")
@@ -271,8 +270,8 @@ def test_paths_are_made_absolute_on_the_driver(tmp_path, monkeypatch):
 def test_a_role_on_a_node_without_the_drivers_model_directory_stops_naming_it(tmp_path, monkeypatch):
     import ray
 
-    from rlvr.cluster import check_model_here
     from rlvr.config import TrainConfig
+    from rlvr.distributed.placement import check_model_here
 
     monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "10.0.0.7")
     (tmp_path / "m").mkdir()
@@ -289,7 +288,7 @@ def threads():
     return sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-from rlvr.parallel import init_learner_group
+from rlvr.distributed.parallel import init_learner_group
 before = threads()
 parallel = init_learner_group(0, 1, "127.0.0.1", port, backend="gloo", device="cpu", timeout_s=30)
 # a new thread names itself once it runs, which on a busy machine can be after init returns

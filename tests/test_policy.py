@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rlvr.policy import get_response_log_probs, sft_microbatch_train_step, tokenize_prompt_and_output
+from rlvr.algorithms.policy import get_response_log_probs, sft_microbatch_train_step, tokenize_prompt_and_output
 
 
 def test_tokenize_prompt_and_output_hand_checked(tokenizer):
@@ -122,7 +122,7 @@ def test_shared_prefix_runs_the_prefix_once(tiny_model, tokenizer):
 
 
 def test_shared_prefix_falls_back_under_gradient_checkpointing(tiny_model, tokenizer):
-    from rlvr.models import prepare_for_training
+    from rlvr.core.models import prepare_for_training
 
     model = prepare_for_training(tiny_model, gradient_checkpointing=True)
     batch = tokenize_prompt_and_output(["p" * 30] * 3, [" a", " bb", " c"], tokenizer)

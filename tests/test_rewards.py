@@ -16,14 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr import rewards as R
 from rlvr.grading import normalize
 from rlvr.grading import pool as grading_pool
-from rlvr.rewards import (
+from rlvr.tasks import rewards as R
+from rlvr.tasks.rewards import (
     REWARD_FNS,
     answer_tag_reward_fn,
     combine_rewards,
-    compute_rollout_rewards,
     configure_grading,
     extract_boxed,
     format_reward_fn,
@@ -36,8 +35,9 @@ from rlvr.rewards import (
     reset_grading_stats,
     score_batch,
 )
+from rlvr.tasks.scoring import compute_rollout_rewards
 
-DATA = Path(R.__file__).parent / "data" / "gsm8k"
+DATA = Path(R.__file__).parents[1] / "data" / "gsm8k"
 SMALL_LIMIT = 0.2  # seconds; a pathological answer must come back well within a couple of these
 SANITY_S = 30.0  # a bound on wall-clock time that only a hang can break, on however loaded a machine
 
@@ -309,7 +309,7 @@ FAST_PATH = [
 
 @pytest.mark.parametrize("answer, ground_truth, expected", FAST_PATH)
 def test_fast_path_decides_plain_numbers_exactly(answer, ground_truth, expected):
-    assert normalize._fast_grade(answer, ground_truth) is expected
+    assert normalize.fast_grade(answer, ground_truth) is expected
 
 
 def test_fast_path_never_calls_the_pool():
@@ -323,9 +323,9 @@ def test_huge_digit_strings_never_raise():
     # Python refuses int() of more than 4,300 digits; the fast path must not get that far.
     assert grade_answer("9" * 5000, "9" * 5000) is False  # too long to grade at all
     assert grading_stats()["too_long"] == 1
-    assert normalize._plain_number("9" * 5000) is None
-    assert normalize._plain_number("1" * 101) is None
-    assert normalize._plain_number("1" * 100) == (int("1" * 100), None)
+    assert normalize.plain_number("9" * 5000) is None
+    assert normalize.plain_number("1" * 101) is None
+    assert normalize.plain_number("1" * 100) == (int("1" * 100), None)
 
 
 @pytest.mark.parametrize(
@@ -501,7 +501,7 @@ NO_MAIN_GUARD = """\
 import sys
 with open(sys.argv[1], "a") as f:  # at the top level, where a training script would train
     f.write(__name__ + "\\n")
-from rlvr.rewards import r1_zero_reward_fn
+from rlvr.tasks.rewards import r1_zero_reward_fn
 print(r1_zero_reward_fn(" x </think> <answer> \\\\sqrt{1764} </answer>", "42")["reward"])
 """
 
@@ -521,7 +521,7 @@ USERS_OWN_MULTIPROCESSING = """\
 import multiprocessing
 import multiprocessing.forkserver
 
-from rlvr.rewards import grade_answer
+from rlvr.tasks.rewards import grade_answer
 
 
 def square(x):
@@ -547,13 +547,13 @@ def test_the_graders_leave_the_users_own_multiprocessing_alone(tmp_path):
 
 
 def test_importing_rewards_does_not_import_torch():
-    code = "import sys, rlvr.rewards; assert 'torch' not in sys.modules and 'sympy' not in sys.modules"
+    code = "import sys, rlvr.tasks.rewards; assert 'torch' not in sys.modules and 'sympy' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_importing_grading_imports_neither_rewards_nor_torch():
     # Data flows one way (rewards imports grading), and the grading workers start without torch.
-    code = "import sys, rlvr.grading; assert not {'torch', 'sympy', 'rlvr.rewards'} & set(sys.modules)"
+    code = "import sys, rlvr.grading; assert not {'torch', 'sympy', 'rlvr.tasks.rewards'} & set(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from rlvr.hf_engine import HFEngine, apply_repetition_penalty, sample_tokens, uniforms
-from rlvr.rollout import SamplingParams
+from rlvr.engines.base import SamplingParams
+from rlvr.engines.hf import HFEngine
+from rlvr.engines.sampling import apply_repetition_penalty, sample_tokens, uniforms
 
 PROMPTS = ["Question: what is 2+3?\nAnswer:", "Hi", "A much longer prompt, so the batch needs left padding:"]
 
@@ -124,7 +125,7 @@ def test_sampling_params_validation():
 
 
 def test_lora_policy_engine_copy_has_the_adapter_merged(tiny_model, tokenizer):
-    from rlvr.models import prepare_for_training
+    from rlvr.core.models import prepare_for_training
 
     policy = prepare_for_training(tiny_model, lora_rank=4)
     with torch.no_grad():
@@ -178,7 +179,7 @@ def test_fast_decode_in_bfloat16_stays_close_to_the_transformers_forward(tiny_mo
 def test_a_bf16_engine_keeps_ropes_inv_freq_in_fp32_and_the_angles_exact(tiny_model, tokenizer):
     """Issue 36, item 1: only parameters go to the engine dtype. Rounding RoPE's inv_freq to bf16 (as
     `.to(dtype)` did) turns every rotary angle by an error that grows with the position."""
-    from rlvr.hf_engine import engine_weights
+    from rlvr.engines.hf import engine_weights
 
     engine = HFEngine(tiny_model, tokenizer, dtype="bfloat16")
     policy = dict(tiny_model.named_buffers())

@@ -15,7 +15,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -23,12 +22,13 @@ from pathlib import Path
 
 import pytest
 
-import sandbox_attacks
 import rlvr.sandbox as sandbox_module
-from rlvr.code_rewards import grade_programs, parse_tests
-from rlvr.code_tasks import code_answer
-from rlvr.rewards import CodeTestsReward, score_batch
-from rlvr.sandbox import Check, Job, SandboxLimits, run_program, run_programs
+import sandbox_attacks
+from rlvr.grading.code import grade_programs, parse_tests
+from rlvr.sandbox import run_program, run_programs
+from rlvr.sandbox.records import Check, Job, SandboxLimits
+from rlvr.tasks.code import code_answer
+from rlvr.tasks.rewards import CodeTestsReward, score_batch
 
 LIMITS = SandboxLimits(timeout=4, cpu_seconds=2, memory_mb=256, file_mb=8, processes=16, output_kb=256)
 SECRET = "rlvr-test-secret-0b9a7c"
@@ -307,7 +307,7 @@ def test_grading_64_programs_is_parallel_and_each_distinct_program_runs_once():
 
 
 def test_parse_tests_keeps_expected_values_out_of_the_sandbox():
-    from rlvr.code_rewards import _Is
+    from rlvr.grading.code import _Is
 
     tests = parse_tests(code_answer(["assert f([1, 2]) == [2, 4]", "assert 3 == g(1)", "assert h(0) is None",
                                      "assert not k('')", "assert f(1) > 0",

@@ -18,12 +18,14 @@ from pathlib import Path
 import pytest
 
 import rlvr.sandbox as sandbox
-from rlvr.code_rewards import grade_programs
-from rlvr.code_tasks import code_answer
 from rlvr.config import TrainConfig, load_config
-from rlvr.rewards import CodeTestsReward, score_batch
-from rlvr.sandbox import Check, Job, SandboxLimits, SandboxUnavailable, launch, read_results, run_program
+from rlvr.grading.code import grade_programs
+from rlvr.sandbox import SandboxUnavailable, launch, run_program
 from rlvr.sandbox.harness import DecodeError, Pipe, decode, encode
+from rlvr.sandbox.processes import read_results
+from rlvr.sandbox.records import Check, Job, SandboxLimits
+from rlvr.tasks.code import code_answer
+from rlvr.tasks.rewards import CodeTestsReward, score_batch
 
 LIMITS = SandboxLimits(timeout=4, cpu_seconds=2, memory_mb=256, file_mb=8, processes=16, output_kb=256)
 RLVR = Path(sys.executable).with_name("rlvr")

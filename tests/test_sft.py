@@ -5,10 +5,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from rlvr import sft as sft_module
 from rlvr.cli import app
 from rlvr.config import SFTConfig, load_config
-from rlvr.tracking import read_jsonl
+from rlvr.core.tracking import read_jsonl
+from rlvr.training import sft as sft_module
 
 
 def _cfg(model_dir, out, **kw):

@@ -8,11 +8,12 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import train_cfg
-from rlvr import rl as train_module
+from rlvr import stages
+from rlvr.algorithms.spec import PRESETS
 from rlvr.cli import app
 from rlvr.config import load_config
-from rlvr.estimators import PRESETS
-from rlvr.tracking import read_jsonl
+from rlvr.core.tracking import read_jsonl
+from rlvr.training import rl as train_module
 
 
 def parity_reward(response: str, ground_truth: str) -> dict:
@@ -24,7 +25,7 @@ def parity_reward(response: str, ground_truth: str) -> dict:
 
 @pytest.fixture(autouse=True)
 def _parity(monkeypatch):
-    monkeypatch.setattr(train_module, "build_reward_fn", lambda cfg, name: parity_reward)
+    monkeypatch.setattr(stages, "build_reward_fn", lambda cfg, name: parity_reward)
 
 
 _cfg = train_cfg
@@ -143,9 +144,9 @@ def test_train_config_validation_and_cli(tmp_path, model_dir):
 def test_every_run_seed_holds_out_the_same_validation_questions(tmp_path, model_dir, monkeypatch):
     # the run seed varies sampling and data order; the split must not move, or seed 1 validates on questions
     # the SFT checkpoint (split seed 0) trained on, and seeds are compared on different sets
-    from rlvr import data as data_module
-    from rlvr import sft as sft_module
     from rlvr.config import SFTConfig
+    from rlvr.tasks import datasets as data_module
+    from rlvr.training import sft as sft_module
 
     seen = []
 
@@ -166,8 +167,8 @@ def test_every_run_seed_holds_out_the_same_validation_questions(tmp_path, model_
 def test_sampled_validation_beside_the_greedy_one_and_in_the_summary(tmp_path, model_dir, monkeypatch):
     """eval_sampled_samples: a second validation at eval_sampled_temperature, logged as val_sampled/* at every
     validation step; its accuracy is the mean over samples (sampled pass@1) and reaches `rlvr summary`."""
-    from rlvr import loop_common
-    from rlvr.runs import load_groups, summarize
+    from rlvr.experiments.runs import load_groups, summarize
+    from rlvr.stages import evaluation as loop_common
 
     calls = []
     real = loop_common.evaluate
@@ -192,7 +193,7 @@ def test_sampled_validation_beside_the_greedy_one_and_in_the_summary(tmp_path, m
 
 def test_start_validation_key_ignores_only_what_cannot_change_step_0(tmp_path, model_dir, monkeypatch):
     from rlvr.config import TrainConfig
-    from rlvr.loop_common import NOT_IN_START_VALIDATION, start_validation_key
+    from rlvr.stages.evaluation import NOT_IN_START_VALIDATION, start_validation_key
 
     assert NOT_IN_START_VALIDATION <= set(TrainConfig.model_fields)  # no typo hides a field from the key
     key = start_validation_key(_cfg(model_dir, tmp_path / "a"))
@@ -215,7 +216,7 @@ def test_start_validation_key_ignores_only_what_cannot_change_step_0(tmp_path, m
 
 
 def test_step_0_validation_is_computed_once_and_skipping_it_changes_nothing_after(tmp_path, model_dir):
-    from rlvr.loop_common import validation_cache
+    from rlvr.stages.evaluation import validation_cache
 
     # the sampled validation too, which draws random numbers: they come from its own streams
     common = dict(steps=2, seed=3, eval_sampled_samples=2, eval_limit=3)

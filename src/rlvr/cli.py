@@ -9,8 +9,7 @@ from pathlib import Path
 
 import typer
 
-from rlvr.config import (ConfigError, DemoConfig, DPOConfig, EvalConfig, SFTConfig, TrainConfig, fields_help,
-                         load_config)
+from rlvr.config import ConfigError, DemoConfig, DPOConfig, EvalConfig, SFTConfig, TrainConfig, fields_help, load_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -81,8 +80,8 @@ def _run(cls, config: Path | None, ctx: typer.Context, module: str, function: st
     cfg = _config(cls, config, ctx)
     from importlib import import_module
 
-    from rlvr.loop_common import RunInterrupted
     from rlvr.sandbox import SandboxUnavailable
+    from rlvr.stages.run import RunInterrupted
 
     try:
         getattr(import_module(module), function)(cfg)
@@ -110,31 +109,31 @@ def _run(cls, config: Path | None, ctx: typer.Context, module: str, function: st
 
 @app.command("eval", context_settings=_EXTRA, help="Evaluate a model on GSM8K or another task.\n\n" + fields_help(EvalConfig))
 def eval_command(ctx: typer.Context, config: Path = ConfigOption):
-    _run(EvalConfig, config, ctx, "rlvr.evaluate", "run_eval")
+    _run(EvalConfig, config, ctx, "rlvr.stages.evaluation", "run_eval")
 
 
 @app.command("sft", context_settings=_EXTRA,
              help="Supervised fine-tuning on r1_zero-format worked solutions.\n\n" + fields_help(SFTConfig))
 def sft_command(ctx: typer.Context, config: Path = ConfigOption):
-    _run(SFTConfig, config, ctx, "rlvr.sft", "train_sft")
+    _run(SFTConfig, config, ctx, "rlvr.training.sft", "train_sft")
 
 
 @app.command("train", context_settings=_EXTRA,
              help="RL training (GRPO and every preset of `rlvr algorithms`).\n\n" + fields_help(TrainConfig))
 def train_command(ctx: typer.Context, config: Path = ConfigOption):
-    _run(TrainConfig, config, ctx, "rlvr.rl", "train_grpo")
+    _run(TrainConfig, config, ctx, "rlvr.training.rl", "train_grpo")
 
 
 @app.command("dpo", context_settings=_EXTRA,
              help="DPO on preference pairs from graded rollouts or a JSONL.\n\n" + fields_help(DPOConfig))
 def dpo_command(ctx: typer.Context, config: Path = ConfigOption):
-    _run(DPOConfig, config, ctx, "rlvr.dpo", "train_dpo")
+    _run(DPOConfig, config, ctx, "rlvr.training.dpo", "train_dpo")
 
 
 @app.command("demo", context_settings=_EXTRA,
              help="The whole pipeline on the default model: baseline, SFT, GRPO, before/after.\n\n" + fields_help(DemoConfig))
 def demo_command(ctx: typer.Context, config: Path = ConfigOption):
-    _run(DemoConfig, config, ctx, "rlvr.demo", "run_demo")
+    _run(DemoConfig, config, ctx, "rlvr.experiments.demo", "run_demo")
 
 
 @app.command("algorithms")
@@ -144,7 +143,7 @@ def algorithms_command(wide: bool = typer.Option(False, "--wide", help="also eac
     from rich.console import Console
     from rich.table import Table
 
-    from rlvr.algorithms import PRESETS
+    from rlvr.algorithms.spec import PRESETS
 
     console = Console()
     wide = wide or console.width >= 160
@@ -182,7 +181,7 @@ def _band(band: str) -> str:
 
 
 def _sweep_help() -> str:
-    from rlvr.sweep import SweepConfig
+    from rlvr.experiments.sweep_plan import SweepConfig
 
     return ("A grid of `rlvr train` runs (seeds x config fields) from a sweep file; restartable.\n\n"
             "Runs one at a time or `parallel` at a time, each in <out>/<field=value,...>; finished runs are "
@@ -194,7 +193,8 @@ def _sweep_help() -> str:
 @app.command("sweep", context_settings=_EXTRA, help=_sweep_help())
 def sweep_command(ctx: typer.Context,
                   config: Path = typer.Option(..., "--config", "-c", help="sweep file (sweeps/*.yaml)")):
-    from rlvr.sweep import format_outcomes, format_plan, load_sweep, plan_sweep, run_sweep
+    from rlvr.experiments.sweep import format_outcomes, run_sweep
+    from rlvr.experiments.sweep_plan import format_plan, load_sweep, plan_sweep
 
     try:
         sweep = load_sweep(config, ctx.args)
@@ -216,8 +216,8 @@ def sweep_command(ctx: typer.Context,
     typer.echo(format_outcomes(outcomes))
     logged = [r.path for r in plan if (r.path / "metrics.jsonl").is_file()]
     if sweep.report and logged:
-        from rlvr.report import write_report
-        from rlvr.runs import load_groups, summarize, write_summary
+        from rlvr.experiments.report import write_report
+        from rlvr.experiments.runs import load_groups, summarize, write_summary
 
         try:
             groups = load_groups(logged)
@@ -243,8 +243,8 @@ def plot_command(runs: list[Path] = RunDirs, out: Path = typer.Option(Path("plot
     """Figures (PNG and SVG) per metric with the spread across seeds, and final accuracy vs learning rate.
 
     Runs are grouped by configuration (seed aside): each group's mean, a 95% band (or min/max), single runs faint."""
-    from rlvr.plots import FIGURE_NAMES, build_figures, save_figures
-    from rlvr.runs import load_groups
+    from rlvr.experiments.plots import FIGURE_NAMES, build_figures, save_figures
+    from rlvr.experiments.runs import load_groups
 
     wanted = [n.strip() for n in only.split(",") if n.strip()] if only is not None else None
     if wanted is not None and (unknown := [n for n in wanted if n not in FIGURE_NAMES]):
@@ -267,7 +267,7 @@ def report_command(runs: list[Path] = RunDirs, out: Path = typer.Option(Path("re
                    band: str = BandOption, rollouts: int = typer.Option(2, help="sample rollouts per step shown"),
                    title: str = typer.Option(None, help="page title"), baseline: str = BaselineOption):
     """A self-contained HTML page: configs, final numbers with their spread, plots, early and late rollouts."""
-    from rlvr.report import write_report
+    from rlvr.experiments.report import write_report
 
     try:
         page = write_report(runs, out, _band(band), rollouts, title, baseline=baseline)
@@ -287,8 +287,8 @@ def summary_command(runs: list[Path] = RunDirs, out: Path = typer.Option(Path("s
     from rich.console import Console
     from rich.table import Table
 
-    from rlvr.report import DIFFERENCE_METRICS, fmt_difference, fmt_spread
-    from rlvr.runs import SUMMARY_METRICS, load_groups, summarize, write_summary
+    from rlvr.experiments.report import DIFFERENCE_METRICS, fmt_difference, fmt_spread
+    from rlvr.experiments.runs import SUMMARY_METRICS, load_groups, summarize, write_summary
 
     try:
         summary = summarize(load_groups(runs), baseline=baseline)

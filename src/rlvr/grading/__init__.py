@@ -1,5 +1,5 @@
 """Answer grading for GSM8K (seed 004 §3.3): whether an answer extracted by a reward function
-(`rlvr.rewards`) equals the ground truth.
+(`rlvr.tasks.rewards`) equals the ground truth.
 
 Grading an extracted answer against the ground truth takes one of two paths:
 
@@ -57,7 +57,7 @@ it), never sees it. The rules, for all three reward functions (they share `grade
    hedged). For question_only the answer is the last box not inside another ("\\boxed{41 or \\boxed{42}}"
    is hedged).
 
-`grade_pairs` (which `rlvr.rewards.score_batch` calls with every answer of a batch, extracted in-process)
+`grade_pairs` (which `rlvr.tasks.rewards.score_batch` calls with every answer of a batch, extracted in-process)
 sends only the slow-path answers to the pool, all at once, so a batch is graded in parallel on the
 available cores.
 
@@ -73,10 +73,12 @@ How this departs from the assignment's reference grader (`drgrpo_grader.py`):
 4. The screen above: hedged answers, tags inside the answer and false computations score 0, and one
    value with words around it is graded alone, exactly where it is arithmetic.
 
-This package imports neither torch nor rlvr.rewards (the grading workers import it and must start fast).
+This package imports neither torch nor rlvr.tasks.rewards (the grading workers import it and must start fast).
 The workers fork from a fork server of rlvr's own that preloads only rlvr.grading.pool and math_verify,
 and they never import the main script: a script that grades needs no `if __name__ == "__main__":` guard
 (except on Windows, which has no forkserver).
+
+May import: rlvr.core, rlvr.sandbox (grading.code runs programs there).
 """
 
 from __future__ import annotations
@@ -85,19 +87,19 @@ import math
 import time
 from typing import Sequence
 
-from rlvr.grading.extract import _as_text, extract_boxed
-from rlvr.grading.normalize import _canonical, _fast_grade
+from rlvr.grading.extract import as_text, extract_boxed
+from rlvr.grading.normalize import canonical, fast_grade
 from rlvr.grading.pool import (
-    _STAT_KEYS,
-    _config,
-    _count,
-    _run_slow,
+    STAT_KEYS,
     configure_grading,
+    count_stats,
     grading_stats,
+    pool_settings,
     reset_grading_stats,
+    run_slow,
     shutdown_grading,
 )
-from rlvr.grading.screen import _screen
+from rlvr.grading.screen import screen_answer
 
 __all__ = [
     "configure_grading",
@@ -116,23 +118,23 @@ def grade_pairs(pairs: Sequence[tuple[str, str]], timeout: float | None = None) 
     """Grade many (answer, ground truth) pairs: fast path here, the rest concurrently in the pool, each
     distinct pair once. Returns the verdicts and this call's counts (see `grading_stats`) and seconds."""
     start = time.perf_counter()
-    timeout = _config["timeout"] if timeout is None else float(timeout)
+    timeout = pool_settings["timeout"] if timeout is None else float(timeout)
     if not (math.isfinite(timeout) and timeout > 0):
-        timeout = _config["timeout"]
-    counts = dict.fromkeys(_STAT_KEYS, 0)
+        timeout = pool_settings["timeout"]
+    counts = dict.fromkeys(STAT_KEYS, 0)
     verdicts = [False] * len(pairs)
     pending: dict[tuple[str, str], list[int]] = {}
     golds: dict = {}
     for i, (answer, gold) in enumerate(pairs):
-        answer, gold = _as_text(answer).strip(), _as_text(gold).strip()
+        answer, gold = as_text(answer).strip(), as_text(gold).strip()
         try:
-            decided = _fast_grade(answer, gold, golds) if answer and gold else False
+            decided = fast_grade(answer, gold, golds) if answer and gold else False
         except Exception:  # the fast path is only a shortcut; the screen and math-verify get the pair instead
             decided = None
         if decided is None and len(answer) <= _MAX_SLOW_CHARS and len(gold) <= _MAX_SLOW_CHARS:
             # The fast path accepts one number and nothing else, so only what it declines needs screening.
             try:
-                screened = _screen(answer)
+                screened = screen_answer(answer)
             except Exception:  # a bug in the screen must not let an unscreened answer through
                 counts["errors"] += 1
                 continue
@@ -142,10 +144,10 @@ def grade_pairs(pairs: Sequence[tuple[str, str]], timeout: float | None = None) 
             if screened != answer:
                 answer = screened
                 try:
-                    decided = _fast_grade(answer, gold, golds)
+                    decided = fast_grade(answer, gold, golds)
                 except Exception:
                     decided = None
-            gold = _canonical(gold)
+            gold = canonical(gold)
         if decided is not None:
             verdicts[i] = decided
             counts["fast_path"] += 1
@@ -155,10 +157,10 @@ def grade_pairs(pairs: Sequence[tuple[str, str]], timeout: float | None = None) 
             pending.setdefault((answer, gold), []).append(i)
     if pending:
         counts["slow_path"] = len(pending)
-        for indices, verdict in zip(pending.values(), _run_slow(list(pending), timeout, counts)):
+        for indices, verdict in zip(pending.values(), run_slow(list(pending), timeout, counts)):
             for i in indices:
                 verdicts[i] = verdict
-    _count(counts)
+    count_stats(counts)
     counts["seconds"] = time.perf_counter() - start
     return verdicts, counts
 

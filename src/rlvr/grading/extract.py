@@ -15,17 +15,17 @@ def extract_boxed(text: str) -> str | None:
     >>> extract_boxed("\\\\boxed 5$."), extract_boxed("\\\\boxed{12"), extract_boxed("no box")
     ('5', None, None)
     """
-    box = _last_box(_as_text(text))
+    box = last_box(as_text(text))
     return None if box is None else box[2]
 
 
-def _last_box(text: str) -> tuple[int, int, str] | None:
+def last_box(text: str) -> tuple[int, int, str] | None:
     """(start, end, content) of the last box in the text (the innermost, when boxes nest), or None if
     absent or unbalanced."""
-    return _box_at(text, max(text.rfind("\\boxed"), text.rfind("\\fbox")))
+    return box_at(text, max(text.rfind("\\boxed"), text.rfind("\\fbox")))
 
 
-def _last_outer_box(text: str) -> tuple[int, int, str] | None:
+def last_outer_box(text: str) -> tuple[int, int, str] | None:
     """(start, end, content) of the last box not inside another, or None if absent or unbalanced: in
     "\\boxed{41 or \\boxed{42}}" the answer is "41 or \\boxed{42}", not "42"."""
     last, i = None, 0
@@ -34,7 +34,7 @@ def _last_outer_box(text: str) -> tuple[int, int, str] | None:
         if m is None:
             return last
         start = m.start()
-        box = _box_at(text, start)
+        box = box_at(text, start)
         if box is None:
             if _opens_box(text, start):
                 return None  # unbalanced: whatever follows is inside it
@@ -48,7 +48,7 @@ def _opens_box(text: str, start: int) -> bool:
     return i < len(text) and (text[i] == "{" or text[i].isspace())
 
 
-def _box_at(text: str, start: int) -> tuple[int, int, str] | None:
+def box_at(text: str, start: int) -> tuple[int, int, str] | None:
     if start < 0:
         return None
     i = start + (6 if text.startswith("\\boxed", start) else 5)
@@ -73,7 +73,7 @@ _BOX_START = re.compile(r"\\(?:boxed|fbox)")
 _NON_SPACE = re.compile(r"\S*")
 
 
-def _as_text(value) -> str:
+def as_text(value) -> str:
     """Any input as a string; grading must accept whatever a caller hands it."""
     if isinstance(value, str):
         return value

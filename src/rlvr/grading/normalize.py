@@ -8,7 +8,7 @@ import re
 import unicodedata
 from fractions import Fraction
 
-from rlvr.grading.extract import _box_at
+from rlvr.grading.extract import box_at
 
 # ----------------------------------------------------------------------------------------------------
 # Unicode: every way of writing a digit becomes an ASCII digit, on both sides.
@@ -24,10 +24,10 @@ _OTHER_DIGIT = re.compile(r"(?![0-9])\d")  # any Unicode decimal digit NFKC leav
 _CANONICAL = str.maketrans({"\u066b": ".", "\u066c": ",", "\u2044": "/", "\u2212": "-", "\u2013": "-", "\u2014": "-"})
 
 
-def _canonical(text: str) -> str:
+def canonical(text: str) -> str:
     """The text with ASCII digits for every Unicode way of writing one and no invisible characters.
 
-    >>> _canonical("\\uff14\\uff12\\u5143\\u3002"), _canonical("\\u0664\\u0662"), _canonical("10\\u00bd m\\u00b2")
+    >>> canonical("\\uff14\\uff12\\u5143\\u3002"), canonical("\\u0664\\u0662"), canonical("10\\u00bd m\\u00b2")
     ('42元。', '42', '10 1/2  m^{2}')
     """
     if text.isascii():
@@ -100,19 +100,19 @@ _VALUE_WORDS = frozenset(
 # CJK magnitudes right after the digits scale the number, and only that reading counts: "42万" is 420000,
 # never 42. Any other CJK numeral next to the digits ("42两", "4点2") makes the answer unreadable.
 _CJK_MAGNITUDES = {"十": 10, "百": 100, "千": 1000, "万": 10**4, "萬": 10**4, "亿": 10**8, "億": 10**8}
-_CJK_SCALE = re.compile("[十百千万萬亿億]+")
-_CJK_NUMERALS = "零〇一二三四五六七八九十百千万萬亿億兆两兩半点點廿卅"
-_CJK_NUMERAL = re.compile(f"[{_CJK_NUMERALS}]")
+CJK_SCALE = re.compile("[十百千万萬亿億]+")
+CJK_NUMERALS = "零〇一二三四五六七八九十百千万萬亿億兆两兩半点點廿卅"
+_CJK_NUMERAL = re.compile(f"[{CJK_NUMERALS}]")
 
 
-def _normalize(text: str) -> str:
+def normalize_answer(text: str) -> str:
     """Strip the LaTeX and markdown dress around a would-be number: "$\\boxed{\\$1,000}$." -> "$1,000"."""
     s = text.translate(_UNICODE).replace("\\$", "$").replace("\\%", "%").replace("{,}", ",").replace("\\!", "")
     s = _INLINE_TEXT.sub(r" \1 ", _LATEX_SPACING.sub(" ", s))
     for _ in range(8):
         before = s
         s = s.strip().rstrip(_TRAILING_PUNCTUATION).strip()
-        box = _box_at(s, 0) if s.startswith(("\\boxed", "\\fbox")) else None
+        box = box_at(s, 0) if s.startswith(("\\boxed", "\\fbox")) else None
         if box is not None and box[1] == len(s):  # one box around it all, not "\\boxed{42} * \\frac{82}{2}"
             s = box[2]
         else:
@@ -126,17 +126,17 @@ def _normalize(text: str) -> str:
     return s
 
 
-def _plain_number(text: str) -> tuple[Fraction, Fraction | None] | None:
+def plain_number(text: str) -> tuple[Fraction, Fraction | None] | None:
     """(value as written, value scaled by a trailing % or magnitude word or None), or None if not a plain number.
 
-    >>> _plain_number("$1,000.00 dollars"), _plain_number("50%"), _plain_number("1,00")
+    >>> plain_number("$1,000.00 dollars"), plain_number("50%"), plain_number("1,00")
     ((Fraction(1000, 1), None), (Fraction(50, 1), Fraction(1, 2)), None)
-    >>> _plain_number("10 1/2"), _plain_number("4.2 \\\\times 10^{1}"), _plain_number("42万")
+    >>> plain_number("10 1/2"), plain_number("4.2 \\\\times 10^{1}"), plain_number("42万")
     ((Fraction(21, 2), None), (Fraction(42, 1), None), (Fraction(420000, 1), None))
     """
     if len(text) > _MAX_FAST_CHARS:
         return None
-    s = _normalize(_canonical(text))
+    s = normalize_answer(canonical(text))
     m = _NUMBER.match(s)
     if m is None:
         return None
@@ -150,7 +150,7 @@ def _plain_number(text: str) -> tuple[Fraction, Fraction | None] | None:
     ):
         return None
     rest = s[m.end() :].strip()
-    cjk = None if rest.isascii() else _CJK_SCALE.match(rest)
+    cjk = None if rest.isascii() else CJK_SCALE.match(rest)
     if cjk:
         rest = rest[cjk.end() :].strip()
     percent = rest.startswith("%")
@@ -188,7 +188,7 @@ def _plain_number(text: str) -> tuple[Fraction, Fraction | None] | None:
     return value, (value * scale if scale is not None else None)
 
 
-def _fast_grade(answer: str, ground_truth: str, golds: dict | None = None) -> bool | None:
+def fast_grade(answer: str, ground_truth: str, golds: dict | None = None) -> bool | None:
     """True/False when both sides are plain numbers; None when math-verify must decide.
 
     A percentage or magnitude word in the answer may be read either way ("50%" is right for 50 and for
@@ -196,14 +196,14 @@ def _fast_grade(answer: str, ground_truth: str, golds: dict | None = None) -> bo
     `golds` caches the parsed ground truths of a batch, where each comes once per sample of its group.
     """
     if golds is None:
-        gold = _plain_number(ground_truth)
+        gold = plain_number(ground_truth)
     else:
         if ground_truth not in golds:
-            golds[ground_truth] = _plain_number(ground_truth)
+            golds[ground_truth] = plain_number(ground_truth)
         gold = golds[ground_truth]
     if gold is None or gold[1] is not None:
         return None
-    pred = _plain_number(answer)
+    pred = plain_number(answer)
     if pred is None:
         return None
     return pred[0] == gold[0] or pred[1] == gold[0]

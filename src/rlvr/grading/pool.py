@@ -26,12 +26,12 @@ _DEFAULT_TIMEOUT = 1.0
 _STARTUP_GRACE_S = 60.0  # a worker that never starts must not hang the caller either
 _RESTART_S = 5.0  # allowance per queued task for killing and replacing a timed-out worker
 
-_config = {"timeout": _DEFAULT_TIMEOUT, "max_workers": None}
+pool_settings = {"timeout": _DEFAULT_TIMEOUT, "max_workers": None}
 _pool = None
 _pool_pid: int | None = None
 _pool_lock = threading.RLock()
-_STAT_KEYS = ("fast_path", "slow_path", "timeouts", "errors", "too_long", "rejected")
-_stats = dict.fromkeys(_STAT_KEYS, 0)
+STAT_KEYS = ("fast_path", "slow_path", "timeouts", "errors", "too_long", "rejected")
+_stats = dict.fromkeys(STAT_KEYS, 0)
 _stats_lock = threading.Lock()
 
 
@@ -48,9 +48,9 @@ def configure_grading(timeout: float = _DEFAULT_TIMEOUT, max_workers: int | None
     if max_workers is not None and (not isinstance(max_workers, int) or max_workers < 1):
         raise ValueError(f"configure_grading: max_workers must be a positive integer or None; got {max_workers!r}")
     with _pool_lock:
-        if max_workers != _config["max_workers"]:
+        if max_workers != pool_settings["max_workers"]:
             shutdown_grading()
-        _config.update(timeout=timeout, max_workers=max_workers)
+        pool_settings.update(timeout=timeout, max_workers=max_workers)
 
 
 def grading_stats() -> dict[str, int]:
@@ -63,13 +63,13 @@ def grading_stats() -> dict[str, int]:
 
 def reset_grading_stats() -> None:
     with _stats_lock:
-        _stats.update(dict.fromkeys(_STAT_KEYS, 0))
+        _stats.update(dict.fromkeys(STAT_KEYS, 0))
 
 
-def _count(counts: dict) -> None:
+def count_stats(counts: dict) -> None:
     """Add one call's counts to those of `grading_stats`."""
     with _stats_lock:
-        for key in _STAT_KEYS:
+        for key in STAT_KEYS:
             _stats[key] += counts[key]
 
 
@@ -84,7 +84,7 @@ def shutdown_grading() -> None:
             # Closing lets a worker that is still booting (the replacement of a killed one) start and
             # exit cleanly; stopping it mid-boot makes it print a traceback. Stop only what hangs.
             pool.close()
-            pool.join(timeout=_config["timeout"] + 2)
+            pool.join(timeout=pool_settings["timeout"] + 2)
         except Exception:
             try:
                 pool.stop()
@@ -94,7 +94,7 @@ def shutdown_grading() -> None:
 
 
 def _worker_count() -> int:
-    return _config["max_workers"] or os.cpu_count() or 1
+    return pool_settings["max_workers"] or os.cpu_count() or 1
 
 
 def _get_pool():
@@ -237,7 +237,7 @@ def _slow_grade(answer: str, ground_truth: str, seconds: int) -> bool:
     return bool(gold and pred and verify(gold, pred, timeout_seconds=seconds))
 
 
-def _run_slow(pairs: list[tuple[str, str]], timeout: float, counts: dict) -> list[bool]:
+def run_slow(pairs: list[tuple[str, str]], timeout: float, counts: dict) -> list[bool]:
     """Grade all pairs in the pool at once; each gets `timeout` seconds of a worker, then is killed."""
     # math-verify's own timeout is a backstop set above the hard limit, so the kill (which is counted)
     # is what normally strikes.

@@ -8,13 +8,14 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from rlvr.grading.extract import _last_box
+from rlvr.grading.arithmetic import MIXED, evaluate, mixed_value, render, side_value
+from rlvr.grading.extract import last_box
 from rlvr.grading.normalize import (
-    _CJK_NUMERALS,
-    _CJK_SCALE,
-    _canonical,
-    _normalize,
-    _plain_number,
+    CJK_NUMERALS,
+    CJK_SCALE,
+    canonical,
+    normalize_answer,
+    plain_number,
 )
 
 # ----------------------------------------------------------------------------------------------------
@@ -26,178 +27,9 @@ _TAG = re.compile(r"<\s*/?\s*[A-Za-z][\w:-]*\s*/?\s*>")
 # is 42 to it; "42^\circ" is fine), and infinity ("\infty^2\pi" is 42 to it).
 _ILL_FORMED = re.compile(r"[\^_]\s*\\(?!circ(?![A-Za-z])|prime(?![A-Za-z]))[A-Za-z]|\\infty(?![A-Za-z])|∞")
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # "72\x00" is junk, not 72
-_CJK_NEAR_DIGIT = re.compile(f"[0-9]\\s*[{_CJK_NUMERALS}]|[{_CJK_NUMERALS}]\\s*[0-9]")
+_CJK_NEAR_DIGIT = re.compile(f"[0-9]\\s*[{CJK_NUMERALS}]|[{CJK_NUMERALS}]\\s*[0-9]")
 _NAME = re.compile(r"[^\W\d]+(?:\s+[^\W\d]+)*")  # "x", "total", "the total cost": the left of "x = 42"
 _PROSE_PREFIX = re.compile(r"(?:[^\W\d]+[\s:,]+)+(?=[0-9(\[{.+\-\\$])")  # "So, " in "So, 6 x 7 = 42"
-_MAX_BITS = 20_000  # exact arithmetic on an answer stays far from the 4,300-digit int-to-str limit
-_LATEX_MIXED = re.compile(r"([0-9]+)\s*\\[dt]?frac\s*\{\s*([0-9]+)\s*\}\s*\{\s*([0-9]+)\s*\}")
-_MIXED = r"[0-9]+\s+[0-9]+\s*/\s*[0-9]+(?![0-9.])|[0-9]+\s*\\[dt]?frac\s*\{\s*[0-9]+\s*\}\s*\{\s*[0-9]+\s*\}"
-
-_ARITH_TOKEN = re.compile(
-    rf"""\s*(?:
-    (?P<mixed>{_MIXED})
-   |(?P<num>[1-9][0-9]{{0,2}}(?:,[0-9]{{3}})+(?:\.[0-9]+)?(?![0-9])
-      |[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]{{1,3}})?|\.[0-9]+)
-   |(?P<frac>\\[dt]?frac(?![A-Za-z]))
-   |(?P<op>\*\*|[-+*/^()\[\]{{}}%×÷·⋅∙]|\\(?:times|cdot|div)(?![A-Za-z])|[xX](?![A-Za-z]))
-   |(?P<skip>\\left(?![A-Za-z])|\\right(?![A-Za-z])|\\?\$|€|£|¥)
-    )""",
-    re.X,
-)
-_MUL = frozenset("* × · ⋅ ∙ x X \\times \\cdot".split())
-_DIV = frozenset("/ ÷ \\div".split())
-_CLOSING = {"(": ")", "[": "]", "{": "}"}
-
-
-def _mixed_value(text: str) -> Fraction | None:
-    """ "10 1/2" or "10\\frac{1}{2}" as 21/2; None unless the fraction is proper (as in "10 3/2")."""
-    m = _LATEX_MIXED.fullmatch(text.strip())
-    whole, numerator, denominator = m.groups() if m else re.split(r"\s*/\s*|\s+", text.strip())
-    if int(denominator) == 0 or int(numerator) >= int(denominator):
-        return None
-    return int(whole) + Fraction(int(numerator), int(denominator))
-
-
-class _Arithmetic:
-    """Exact evaluation of + - * / x × ÷ · ^ % and brackets (and \\frac, \\times, \\cdot, \\div) over
-    numbers, by recursive descent with Fraction: no eval(), and bounded in depth and in size."""
-
-    def __init__(self, tokens: list[tuple[str, str]]):
-        self.tokens, self.i, self.depth = tokens, 0, 0
-
-    def peek(self) -> str | None:
-        return self.tokens[self.i][1] if self.i < len(self.tokens) else None
-
-    def take(self, expected: str | None = None) -> tuple[str, str]:
-        if self.i >= len(self.tokens) or (expected is not None and self.tokens[self.i][1] != expected):
-            raise ValueError("unexpected end or token")
-        self.i += 1
-        return self.tokens[self.i - 1]
-
-    @staticmethod
-    def check(value: Fraction) -> Fraction:
-        if max(abs(value.numerator).bit_length(), value.denominator.bit_length()) > _MAX_BITS:
-            raise ValueError("too large")
-        return value
-
-    def expression(self) -> Fraction:
-        value = self.term()
-        while self.peek() in ("+", "-"):
-            op = self.take()[1]
-            value = self.check(value + self.term() if op == "+" else value - self.term())
-        return value
-
-    def term(self) -> Fraction:
-        value = self.unary()
-        while self.peek() in _MUL or self.peek() in _DIV:
-            op = self.take()[1]
-            value = self.check(value * self.unary() if op in _MUL else value / self.unary())
-        return value
-
-    def unary(self) -> Fraction:
-        if self.peek() in ("+", "-"):
-            op = self.take()[1]
-            self.enter()
-            value = self.unary()
-            self.depth -= 1
-            return -value if op == "-" else value
-        return self.power()
-
-    def power(self) -> Fraction:
-        base = self.postfix()
-        if self.peek() in ("^", "**"):
-            self.take()
-            self.enter()
-            exponent = self.unary()
-            self.depth -= 1
-            if exponent.denominator != 1 or (base == 0 and exponent < 0):
-                raise ValueError("not an exact power")
-            size = max(abs(base.numerator).bit_length(), base.denominator.bit_length())
-            if size * abs(exponent.numerator) > _MAX_BITS:
-                raise ValueError("too large")
-            return self.check(base ** int(exponent))
-        return base
-
-    def postfix(self) -> Fraction:
-        value = self.primary()
-        while self.peek() == "%":
-            self.take()
-            value /= 100
-        return value
-
-    def primary(self) -> Fraction:
-        kind, text = self.take()
-        if kind == "num":
-            return Fraction(text.replace(",", ""))
-        if kind == "mixed":
-            value = _mixed_value(text)
-            if value is None:
-                raise ValueError("not a mixed number")
-            return value
-        if kind == "frac":
-            numerator, denominator = self.group("{"), self.group("{")
-            return self.check(numerator / denominator)
-        if text in _CLOSING:
-            self.i -= 1
-            return self.group(text)
-        raise ValueError(f"unexpected {text!r}")
-
-    def group(self, opening: str) -> Fraction:
-        self.take(opening)
-        self.enter()
-        value = self.expression()
-        self.depth -= 1
-        self.take(_CLOSING[opening])
-        return value
-
-    def enter(self) -> None:
-        self.depth += 1
-        if self.depth > 100:
-            raise ValueError("too deep")
-
-
-def _evaluate(text: str) -> Fraction | None:
-    """The exact value of an arithmetic expression, or None if it is not one this module can evaluate.
-
-    >>> _evaluate("6 x 7"), _evaluate("\\\\frac{84}{2}"), _evaluate("(40 + 3) \\\\times 1"), _evaluate("2^{10}")
-    (Fraction(42, 1), Fraction(42, 1), Fraction(43, 1), Fraction(1024, 1))
-    >>> _evaluate("\\\\sqrt{4}"), _evaluate("9^9^9"), _evaluate("1/0")
-    (None, None, None)
-    """
-    tokens, i = [], 0
-    text = text.strip()
-    while i < len(text):
-        m = _ARITH_TOKEN.match(text, i)
-        if m is None or m.end() == i:
-            if text[i:].strip():
-                return None
-            break
-        i = m.end()
-        if m.lastgroup != "skip":
-            tokens.append((m.lastgroup, m.group(m.lastgroup)))
-    if not tokens:
-        return None
-    parser = _Arithmetic(tokens)
-    try:
-        value = parser.expression()
-    except (ValueError, ZeroDivisionError, OverflowError):
-        return None
-    return value if parser.i == len(tokens) else None
-
-
-def _side_value(text: str) -> Fraction | None:
-    """One side of a restated computation: an expression, or a number with its units ("$42", "42 apples")."""
-    value = _evaluate(text)
-    if value is None:
-        plain = _plain_number(text)
-        if plain is not None and plain[1] is None:  # "50%" or "5 million" could be either; no guessing
-            value = plain[0]
-    return value
-
-
-def _render(value: Fraction) -> str:
-    """An exact value as the fast path and math-verify both read it: "42", "-3/4"."""
-    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
 
 
 # Tokens of an answer, to count its values. Numbers joined by arithmetic are one value (an expression);
@@ -215,17 +47,17 @@ _RISKY_OPS = frozenset("x X × ÷ · ⋅ ∙".split())  # math-verify may read "
 _VALUE_TOKEN = re.compile(
     rf"""(?P<exponent>(?<=[A-Za-z])[^\S\n]*[\^_][^\S\n]*(?:\{{\s*[-+]?[0-9]\s*\}}|[-+]?[0-9](?![0-9.])))  # m^2
    |(?P<space>[^\S\n]+)
-   |(?P<mixed>{_MIXED})
+   |(?P<mixed>{MIXED})
    |(?P<num>[1-9][0-9]{{0,2}}(?:,[0-9]{{3}})+(?:\.[0-9]+)?(?![0-9])
       |[1-9][0-9]{{0,2}}(?:\ [0-9]{{3}})+(?:\.[0-9]+)?(?![0-9/])
       |[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]{{1,3}})?|\.[0-9]+)
    |(?P<words>(?i:(?<![a-z]){_CARDINAL}(?:(?:\s+|\s*-\s*)(?:and\s+)?{_CARDINAL})*(?![a-z])))
-   |(?P<cjk>[{_CJK_NUMERALS}]+)
+   |(?P<cjk>[{CJK_NUMERALS}]+)
    |(?P<op>\*\*|[-+*/^%×÷·⋅∙]|\\(?:[dt]?frac|sqrt|times|cdot|div|binom)(?![A-Za-z]))
    |(?P<ignore>\\left(?![A-Za-z])|\\right(?![A-Za-z])|\\displaystyle(?![A-Za-z])|\^\s*\{{?\s*\\circ\s*\}}?)
    |(?P<open>[({{\[])
    |(?P<close>[)}}\]])
-   |(?P<word>[A-Za-z]+|\\[A-Za-z]+|(?![{_CJK_NUMERALS}])[^\W\d_])  # one CJK character a word: 或one
+   |(?P<word>[A-Za-z]+|\\[A-Za-z]+|(?![{CJK_NUMERALS}])[^\W\d_])  # one CJK character a word: 或one
    |(?P<other>.)""",
     re.X | re.S,
 )
@@ -291,7 +123,7 @@ def _values(s: str) -> list[list[_Token]]:
                 expecting = False
         elif kind == "words" and current is not None and not expecting and text.lower() in _ATTACHED_WORDS:
             current.append(token)  # "5 million", "2 dozen", "42 percent"
-        elif kind == "cjk" and current is not None and not expecting and _CJK_SCALE.fullmatch(text):
+        elif kind == "cjk" and current is not None and not expecting and CJK_SCALE.fullmatch(text):
             current.append(token)  # "42万"
         elif kind in ("words", "cjk") and text != "一":
             values.append([token])
@@ -330,14 +162,14 @@ def _value_keys(tokens: list[_Token]) -> list:
     if kinds[0] in ("words", "cjk"):
         return [(kinds[0], " ".join(tokens[0][1].lower().replace("-", " ").split()))]
     if kinds == ["mixed"]:
-        value = _mixed_value(tokens[0][1])
+        value = mixed_value(tokens[0][1])
         if value is None:  # "10 3/2": an integer and a fraction, not a mixed number
             return [("whole", tokens[0][1]), ("fraction", tokens[0][1])]
         return [value]
     if kinds == ["num"]:
         return [_plain_value(tokens[0][1])]
     text = " ".join(t[1] for t in tokens)
-    value = _evaluate(text)
+    value = evaluate(text)
     return [value if value is not None else ("expression", "".join(text.split()))]
 
 
@@ -357,17 +189,17 @@ _MATH_AROUND = re.compile(r"\\[A-Za-z]|[\^_]")
 _LATEX_COMMENT = re.compile(r"(?<!\\)%")
 
 
-def _screen(answer: str) -> str | None:
+def screen_answer(answer: str) -> str | None:
     """The answer to grade (perhaps rewritten as its one value), or None when it scores 0 unseen: a tag
     inside it, CJK numerals beside its digits, a restated computation that does not hold, two or more
     different values, or one value with a value-changing word beside it (see `rlvr.grading`)."""
-    text = _canonical(answer)
-    plain = _plain_number(text)
+    text = canonical(answer)
+    plain = plain_number(text)
     if plain is not None and plain[1] is None:
-        return _render(plain[0])  # one number, one reading: its exact value is what math-verify should see
+        return render(plain[0])  # one number, one reading: its exact value is what math-verify should see
     if _TAG.search(text) or _CONTROL.search(text):
         return None
-    s = _normalize(text)
+    s = normalize_answer(text)
     if _CJK_NEAR_DIGIT.search(s) or _ILL_FORMED.search(s) or s.count("{") != s.count("}"):
         return None
     if "=" in s:
@@ -380,10 +212,10 @@ def _screen(answer: str) -> str | None:
             prefix = _PROSE_PREFIX.match(sides[0])
             if prefix and not _counts_as_number(prefix.group()):
                 sides[0] = sides[0][prefix.end() :]
-            values = {_side_value(side) for side in sides}
+            values = {side_value(side) for side in sides}
             if None in values or len(values) != 1:
                 return None
-            return _render(values.pop())
+            return render(values.pop())
     groups = _values(s)
     keys: set = set()
     for tokens in groups:
@@ -410,12 +242,12 @@ def _screen(answer: str) -> str | None:
     if glued or _MATH_AROUND.search(before + " " + after):
         unsafe = risky or _LATEX_COMMENT.search(text) or s.count("(") != s.count(")")
         return None if unsafe else text
-    if _plain_number(span) is not None:
+    if plain_number(span) is not None:
         return span
-    exact = _evaluate(span)
+    exact = evaluate(span)
     if exact is not None:
         # Exact, where math-verify misreads odd LaTeX: it reads "41^\frac{84}{2}" and "\frac{84}{2}%-41" as 42.
-        return _render(exact)
+        return render(exact)
     # "%" starts a LaTeX comment: math-verify would read "\frac{84}{2}%\pi" as 42.
     return None if risky or "%" in span or span.count("(") != span.count(")") else span
 
@@ -424,7 +256,7 @@ def _screen(answer: str) -> str | None:
 # The answer block of a reward function (rule 7): its \boxed{} unwrapped when nothing else in it is a value.
 
 
-def _unbox(answer: str) -> str | None:
+def unbox(answer: str) -> str | None:
     """The answer block with its \\boxed{} unwrapped when present; None when the box is unbalanced.
 
     The box is unwrapped only when the rest of the block holds no value and no tag ("The answer is
@@ -432,10 +264,10 @@ def _unbox(answer: str) -> str | None:
     """
     if "\\boxed" not in answer and "\\fbox" not in answer:
         return answer
-    box = _last_box(answer)
+    box = last_box(answer)
     if box is None:
         return None
     start, end, content = box
-    rest = _canonical(answer[:start] + " " + answer[end:])
-    return answer if _TAG.search(rest) or _values(_normalize(rest)) else content
+    rest = canonical(answer[:start] + " " + answer[end:])
+    return answer if _TAG.search(rest) or _values(normalize_answer(rest)) else content
 

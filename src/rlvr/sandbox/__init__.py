@@ -32,6 +32,8 @@ Budgets: each sandbox may use `processes` processes of `memory_mb` address space
 a `2 x file_mb` tmpfs, `output_kb` of output and `timeout` seconds of wall time; at most `workers` sandboxes run
 at once (default 2 per CPU this process may use: its affinity and cgroup quota). So the pool as a whole holds at
 most workers x processes x memory_mb of address space plus workers x 2 x file_mb of tmpfs (`budget()`).
+
+May import: nothing else of rlvr (it sits beside rlvr.core, below everything that grades).
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import subprocess
 import tempfile
 import threading
@@ -50,60 +51,10 @@ from functools import lru_cache
 
 from rlvr.sandbox import launch
 from rlvr.sandbox.launch import Unavailable as SandboxUnavailable
+from rlvr.sandbox.processes import cleanup, data_fd, drain, killpg, read_results, take_uid, user_processes
+from rlvr.sandbox.records import ISOLATIONS, RESULT_CAP, STATUSES, STDERR_CAP, Check, Job, ProgramResult, SandboxLimits
 
 log = logging.getLogger(__name__)
-
-STATUSES = ("ok", "syntax_error", "load_error", "timeout", "memory", "output_limit", "crashed")
-ISOLATIONS = ("bwrap", "limits_only")
-_RESULT_CAP = 4 << 20  # bytes of the judge's records read from one sandbox
-_STDERR_CAP = 4096  # bytes of stderr kept (the rest is drained and dropped)
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxLimits:
-    """What one program may use. `timeout` is wall-clock seconds for the whole program and its checks;
-    `processes` counts the judge and the program's own process too."""
-
-    timeout: float = 5.0
-    cpu_seconds: int = 4
-    memory_mb: int = 512
-    file_mb: int = 16
-    processes: int = 8
-    output_kb: int = 1024  # stdout + stderr; past this the program is killed
-
-    def __post_init__(self):
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if not (isinstance(value, (int, float)) and value > 0):
-                raise ValueError(f"SandboxLimits.{field.name} must be > 0; got {value!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Check:
-    """One test, as the judge runs it: `expr` is evaluated in the test namespace (the program's names bound as
-    handles) after `setup` runs there. kind "value": the value is sent back (compared by the caller, outside);
-    kind "true": its truth value is."""
-
-    expr: str
-    kind: str = "value"
-    setup: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class Job:
-    program: str
-    checks: tuple[Check, ...]
-    module: str = "solution"  # the program is importable under this name from the test code
-
-
-@dataclasses.dataclass
-class ProgramResult:
-    status: str  # one of STATUSES
-    values: list[str | None]  # per check: the value's text (None: raised, unserializable or never reached)
-    errors: list[str | None]  # per check: the exception's type name, or None
-    seconds: float
-    stderr: str = ""
-    error: str = ""  # what stopped the program: exception name on load, timeout, signal
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -251,37 +202,6 @@ def require() -> None:
 # One program.
 
 
-def _drain(stream, cap: int, sink: list[bytes], budget: list[int] | None = None, on_exceeded=None):
-    """Read a pipe to its end, keeping the first `cap` bytes; with `budget` (shared by stdout and stderr),
-    call `on_exceeded` once the program has written more than it allows."""
-    kept = 0
-    while True:
-        try:
-            chunk = stream.read(65536)
-        except (OSError, ValueError):
-            break
-        if not chunk:
-            break
-        if kept < cap:
-            sink.append(chunk[: cap - kept])
-            kept += len(sink[-1])
-        if budget is not None:
-            budget[0] -= len(chunk)
-            if budget[0] < 0 and on_exceeded is not None:
-                on_exceeded()
-                on_exceeded = None
-
-
-def _data_fd(data: bytes) -> int:
-    """A pipe's read end holding `data` (small: it fits in the pipe's buffer), for bubblewrap to read."""
-    read_fd, write_fd = os.pipe()
-    try:
-        os.write(write_fd, data)
-    finally:
-        os.close(write_fd)
-    return read_fd
-
-
 @lru_cache(maxsize=1)
 def _harness_source() -> bytes:
     return launch.HARNESS.read_bytes()
@@ -293,7 +213,7 @@ def run_program(job: Job, limits: SandboxLimits | None = None, mode: str | None 
     mode = mode or _settings.isolation
     start = time.perf_counter()
     root = os.geteuid() == 0
-    uid = _take_uid() if root and mode == "bwrap" else None
+    uid = take_uid() if root and mode == "bwrap" else None
     payload = {"program": job.program, "module": job.module, "deadline": limits.timeout,
                "checks": [dataclasses.asdict(c) for c in job.checks],
                "limits": {"cpu_seconds": int(max(1, limits.cpu_seconds)), "memory_mb": int(limits.memory_mb),
@@ -302,7 +222,7 @@ def run_program(job: Job, limits: SandboxLimits | None = None, mode: str | None 
     passed = [write_fd]
     work = None
     if mode == "bwrap":
-        seccomp_fd, harness_fd = _data_fd(launch.seccomp_filter()), _data_fd(_harness_source())
+        seccomp_fd, harness_fd = data_fd(launch.seccomp_filter()), data_fd(_harness_source())
         passed += [seccomp_fd, harness_fd]
         argv = launch.bwrap_argv(root, 2 * int(limits.file_mb), seccomp_fd, harness_fd)
         argv += [*launch.python_flags(), launch.INSIDE, str(write_fd), "bwrap", str(uid) if uid is not None else "-"]
@@ -310,7 +230,7 @@ def run_program(job: Job, limits: SandboxLimits | None = None, mode: str | None 
     else:
         work = tempfile.mkdtemp(prefix="rlvr-sandbox-")
         if not root:  # RLIMIT_NPROC counts every process of this user, not only the sandbox's
-            payload["limits"]["processes"] += _user_processes()
+            payload["limits"]["processes"] += user_processes()
         binary, _ = launch.interpreter()
         argv = [binary, *launch.python_flags(), str(launch.HARNESS), str(write_fd), "limits", "-"]
         env = {"PATH": "/usr/bin:/bin", "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
@@ -326,7 +246,7 @@ def run_program(job: Job, limits: SandboxLimits | None = None, mode: str | None 
     except OSError as err:
         for fd in [read_fd, *passed]:
             os.close(fd)
-        _cleanup(work, uid)
+        cleanup(work, uid)
         return ProgramResult("crashed", [None] * len(job.checks), [None] * len(job.checks),
                              time.perf_counter() - start, error=f"could not start: {err}")
     for fd in passed:
@@ -335,12 +255,12 @@ def run_program(job: Job, limits: SandboxLimits | None = None, mode: str | None 
 
     def _kill():
         flood.set()
-        _killpg(proc.pid)
+        killpg(proc.pid)
 
-    readers = [threading.Thread(target=_drain, args=(os.fdopen(read_fd, "rb"), _RESULT_CAP, results), daemon=True),
-               threading.Thread(target=_drain, args=(proc.stderr, _STDERR_CAP, stderr, output_budget, _kill),
+    readers = [threading.Thread(target=drain, args=(os.fdopen(read_fd, "rb"), RESULT_CAP, results), daemon=True),
+               threading.Thread(target=drain, args=(proc.stderr, STDERR_CAP, stderr, output_budget, _kill),
                                 daemon=True),
-               threading.Thread(target=_drain, args=(proc.stdout, 0, stdout, output_budget, _kill), daemon=True)]
+               threading.Thread(target=drain, args=(proc.stdout, 0, stdout, output_budget, _kill), daemon=True)]
     for reader in readers:
         reader.start()
     try:
@@ -358,125 +278,15 @@ def run_program(job: Job, limits: SandboxLimits | None = None, mode: str | None 
     except subprocess.TimeoutExpired:
         killed = "timeout"
     finally:
-        _killpg(proc.pid)  # bubblewrap itself: the sandbox's PID 1 dies with it, and everything in it
+        killpg(proc.pid)  # bubblewrap itself: the sandbox's PID 1 dies with it, and everything in it
         proc.wait()
         for reader in readers:
             reader.join(timeout=2)
-        _cleanup(work, uid)
+        cleanup(work, uid)
     if flood.is_set():
         killed = "output_limit"
     return read_results(b"".join(results), b"".join(stderr), proc.returncode, killed, len(job.checks),
                         time.perf_counter() - start)
-
-
-def _cleanup(work: str | None, uid: int | None):
-    if work is not None:
-        import shutil
-
-        shutil.rmtree(work, ignore_errors=True)
-    if uid is not None:
-        _give_uid(uid)
-
-
-# Started as root, each sandbox running at the same time gets a uid of its own (no passwd entry needed):
-# RLIMIT_NPROC counts per uid, so a fork bomb exhausts only its own sandbox, and it owns no file of the host.
-_UID_BASE = 2_100_000_000
-_free_uids: list[int] = []
-_next_uid = [_UID_BASE]
-_uid_lock = threading.Lock()
-
-
-def _take_uid() -> int:
-    with _uid_lock:
-        if _free_uids:
-            return _free_uids.pop()
-        _next_uid[0] += 1
-        return _next_uid[0] - 1
-
-
-def _give_uid(uid: int):
-    with _uid_lock:
-        _free_uids.append(uid)
-
-
-def _user_processes() -> int:
-    """Processes and threads of this (non-root) user, which RLIMIT_NPROC counts (limits_only mode)."""
-    uid, count = os.getuid(), 0
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if entry.stat().st_uid == uid:
-                    count += len(os.listdir(f"/proc/{entry.name}/task"))
-            except OSError:
-                pass
-    return count
-
-
-def _killpg(pgid: int):
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def read_results(raw: bytes, stderr_raw: bytes, returncode: int, killed: str | None, n: int, seconds: float
-                 ) -> ProgramResult:
-    """The judge's records, read so that no bytes whatever can raise here: a line that is not a record of the
-    expected shape is skipped, and what is missing makes the status `crashed`."""
-    values: list[str | None] = [None] * n
-    errors: list[str | None] = [None] * n
-    load = error = exit_record = broken = None
-    done = False
-    for line in raw[:_RESULT_CAP].split(b"\n"):
-        if len(line) > 2 * 1_000_000 + 100:  # longer than any record of one value
-            continue
-        try:
-            record = json.loads(line.decode("utf-8", "replace"))
-        except Exception:  # ValueError, RecursionError (a deeply nested line), MemoryError
-            continue
-        if not isinstance(record, dict):
-            continue
-        if "load" in record and load is None and isinstance(record["load"], str):
-            load, error = record["load"], str(record.get("error", ""))[:200]
-        elif type(record.get("check")) is int and 0 <= record["check"] < n:
-            i = record["check"]
-            if values[i] is None and errors[i] is None:
-                value, err = record.get("value"), record.get("error")
-                values[i] = value if isinstance(value, str) else None
-                errors[i] = str(err)[:200] if err is not None else (None if values[i] is not None else "malformed")
-        elif record.get("done") is True:
-            done = True
-        elif "exit" in record and type(record["exit"]) is int and exit_record is None:
-            exit_record = record
-        elif isinstance(record.get("broken"), str):
-            broken = record["broken"][:200]
-    stderr = stderr_raw.decode("utf-8", "replace")
-    if load == "syntax_error":
-        status = "syntax_error"
-    elif "MemoryError" in (error or "") or "MemoryError" in errors:
-        status = "memory"
-    elif load == "error":
-        status = "load_error"
-    elif killed == "output_limit":
-        status, error = "output_limit", "wrote more output than allowed"
-    elif killed == "timeout":
-        status, error = "timeout", "timeout"
-    elif broken is not None:
-        status, error = "crashed", f"the program broke the judge's protocol ({broken}) and was stopped"
-    elif exit_record is not None and exit_record.get("signaled") is True and exit_record["exit"] in (
-            signal.SIGXCPU, signal.SIGKILL):  # RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard one
-        status, error = "timeout", "cpu time limit"
-    elif done and load == "ok" and exit_record is None:
-        status, error = "ok", ""
-    else:
-        status = "crashed"
-        if exit_record is not None:
-            how = "signal" if exit_record.get("signaled") is True else "exit status"
-            error = f"the program's process ended ({how} {exit_record['exit']})"
-        elif load is None:
-            error = f"the sandbox did not start (exit {returncode})"
-        error = error or f"exit status {returncode}"
-    return ProgramResult(status, values, errors, seconds, stderr=stderr[-_STDERR_CAP:], error=error or "")
 
 
 # ----------------------------------------------------------------------------------------------------

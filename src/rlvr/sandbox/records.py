@@ -1,0 +1,59 @@
+"""The sandbox's records: the limits of one sandbox, the checks a judge runs, a job (a program and its checks),
+and what comes back (a ProgramResult with one of STATUSES).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+STATUSES = ("ok", "syntax_error", "load_error", "timeout", "memory", "output_limit", "crashed")
+ISOLATIONS = ("bwrap", "limits_only")
+RESULT_CAP = 4 << 20  # bytes of the judge's records read from one sandbox
+STDERR_CAP = 4096  # bytes of stderr kept (the rest is drained and dropped)
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxLimits:
+    """What one program may use. `timeout` is wall-clock seconds for the whole program and its checks;
+    `processes` counts the judge and the program's own process too."""
+
+    timeout: float = 5.0
+    cpu_seconds: int = 4
+    memory_mb: int = 512
+    file_mb: int = 16
+    processes: int = 8
+    output_kb: int = 1024  # stdout + stderr; past this the program is killed
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"SandboxLimits.{field.name} must be > 0; got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One test, as the judge runs it: `expr` is evaluated in the test namespace (the program's names bound as
+    handles) after `setup` runs there. kind "value": the value is sent back (compared by the caller, outside);
+    kind "true": its truth value is."""
+
+    expr: str
+    kind: str = "value"
+    setup: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    program: str
+    checks: tuple[Check, ...]
+    module: str = "solution"  # the program is importable under this name from the test code
+
+
+@dataclasses.dataclass
+class ProgramResult:
+    status: str  # one of STATUSES
+    values: list[str | None]  # per check: the value's text (None: raised, unserializable or never reached)
+    errors: list[str | None]  # per check: the exception's type name, or None
+    seconds: float
+    stderr: str = ""
+    error: str = ""  # what stopped the program: exception name on load, timeout, signal

@@ -1,0 +1,69 @@
+"""The stages every training loop is made of, shared by the local loop (rlvr.training.rl) and the
+distributed one (rlvr.distributed): sample rollouts, score them (rewards, advantages, the TrainBatch), train,
+log, validate, and the plumbing of a run (its directory, policy and optimizer, engines, resume, Ctrl-C). Both
+loops call them as `stages.<name>` from this one module.
+
+    rollouts  sample (collect_rollouts, dynamic_rollouts) and score (score_rollouts) a step's rollouts
+    learn     the optimizer steps on one rollout batch (train_on_rollouts), the reference and the teacher
+    metrics   a step's metrics, seed 002's warning signs, log_step
+    evaluation  evaluating an engine on examples, validation during training, `rlvr eval`
+    run       run directories, loading the policy, optimizer, engines, resume, StopRequests
+
+May import: rlvr.core, rlvr.sandbox, rlvr.grading, rlvr.tasks, rlvr.engines, rlvr.algorithms, rlvr.config.
+"""
+
+from rlvr.stages.evaluation import evaluate, run_eval, start_validation, validate
+from rlvr.stages.learn import (
+                                  distill_from_teacher,
+                                  reference_log_probs,
+                                  reference_model,
+                                  teacher_model,
+                                  train_on_rollouts,
+)
+from rlvr.stages.metrics import (
+                                  RunMonitor,
+                                  finished_validation,
+                                  log_step,
+                                  rollout_rows,
+                                  step_metrics,
+                                  timed,
+                                  validation_due,
+)
+from rlvr.stages.rollouts import (
+                                  Rollouts,
+                                  Scored,
+                                  build_reward_fn,
+                                  collect_rollouts,
+                                  dynamic_rollouts,
+                                  next_questions,
+                                  rollout_sampling,
+                                  sampled_log_probs,
+                                  score_rollouts,
+)
+from rlvr.stages.run import (
+                                  RunInterrupted,
+                                  StopRequests,
+                                  build_engines,
+                                  build_optimizer,
+    finish_run,
+    fmt_metrics,
+                                  frozen_dtype,
+                                  load_frozen,
+                                  load_policy,
+                                  native_precision,
+                                  open_logger,
+                                  placement,
+                                  restore,
+                                  start_run,
+                                  trainer_state,
+)
+
+__all__ = [
+    "Rollouts", "RunInterrupted", "RunMonitor", "Scored", "StopRequests", "build_engines", "build_optimizer", "finish_run", "fmt_metrics",
+    "build_reward_fn", "collect_rollouts", "distill_from_teacher", "dynamic_rollouts", "evaluate",
+    "finished_validation", "frozen_dtype", "load_frozen", "load_policy", "log_step", "native_precision",
+    "next_questions", "open_logger", "placement", "reference_log_probs", "reference_model", "restore",
+    "rollout_rows", "rollout_sampling", "run_eval", "sampled_log_probs", "score_rollouts", "start_run",
+    "start_validation", "step_metrics", "teacher_model", "timed", "train_on_rollouts", "trainer_state", "validate",
+    "validation_due",
+]

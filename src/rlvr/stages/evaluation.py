@@ -1,0 +1,300 @@
+"""Evaluation: prompts -> completions -> rewards -> summary (seed 004 §3, problem prompting_baselines).
+
+The same `evaluate` runs `rlvr eval`, the validation of `rlvr sft` and `rlvr train`, and the demo, so every
+number in the project comes from one grading path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from rlvr.config import EvalConfig, TrainingFields, sampling_params
+from rlvr.core import checkpoint as ckpt
+from rlvr.core.models import cache_dir
+from rlvr.engines.base import Completion, RolloutEngine, SamplingParams
+from rlvr.tasks.prompts import PromptTemplate
+from rlvr.tasks.records import Example
+from rlvr.tasks.rewards import get_reward_fn, score_batch
+
+log = logging.getLogger(__name__)
+
+CATEGORIES = {
+    "format1_answer1": "correct (format 1, answer 1)",
+    "format1_answer0": "formatted, wrong answer (format 1, answer 0)",
+    "format0_answer0": "unformatted (format 0, answer 0)",
+}
+
+
+@dataclasses.dataclass
+class EvalResult:
+    records: list[dict]
+    summary: dict
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def category(record: dict) -> str:
+    return f"format{int(record['format_reward'] > 0)}_answer{int(record['answer_reward'] > 0)}"
+
+
+def summarize(records: list[dict], samples: int, seconds: float | None = None) -> dict:
+    """Accuracy, format rate, seed 004's three categories, response length, truncation and pass@k."""
+    n = len(records)
+    counts = {name: 0 for name in CATEGORIES}
+    for r in records:
+        counts[category(r)] = counts.get(category(r), 0) + 1
+    summary = {
+        "n": n,
+        "questions": n // samples,
+        "samples": samples,
+        "accuracy": sum(r["reward"] for r in records) / n,
+        "answer_rate": sum(r["answer_reward"] for r in records) / n,
+        "format_rate": sum(r["format_reward"] for r in records) / n,
+        "categories": counts,
+        "mean_response_tokens": sum(r["tokens"] for r in records) / n,
+        "max_response_tokens": max(r["tokens"] for r in records),
+        "truncated_rate": sum(r["finish_reason"] == "length" for r in records) / n,
+    }
+    if samples > 1:
+        by_question: dict[int, list[float]] = {}
+        for r in records:
+            by_question.setdefault(r["question_index"], []).append(r["reward"])
+        summary["pass_at_k"] = {
+            str(k): sum(pass_at_k(len(v), sum(x >= 1 for x in v), k) for v in by_question.values()) / len(by_question)
+            for k in range(1, samples + 1)
+        }
+    if seconds is not None:
+        summary["seconds"] = round(seconds, 2)
+        summary["completions_per_second"] = round(n / seconds, 3) if seconds > 0 else None
+    return summary
+
+
+def evaluate(
+    engine: RolloutEngine,
+    examples: list[Example],
+    prompt: PromptTemplate,
+    sampling: SamplingParams,
+    tokenizer=None,
+    reward_fn=None,
+    progress=None,
+) -> EvalResult:
+    """Generate `sampling.n` completions per example, grade them with the prompt's reward function."""
+    start = time.perf_counter()
+    reward_fn = reward_fn or get_reward_fn(prompt.reward)
+    prompts = [prompt.format(ex.question, tokenizer) for ex in examples]
+    if prompt.stop and not sampling.stop:
+        sampling = dataclasses.replace(sampling, stop=prompt.stop)
+    completions: list[Completion] = engine.generate(prompts, sampling, progress=progress)
+    truths = [examples[c.prompt_index].answer for c in completions]
+    scores, _ = score_batch(reward_fn, [c.text for c in completions], truths)
+    records = []
+    for c, s in zip(completions, scores):
+        ex = examples[c.prompt_index]
+        records.append({
+            "question_index": c.prompt_index,
+            "sample_index": c.sample_index,
+            "id": ex.id,
+            "question": ex.question,
+            "prompt": prompts[c.prompt_index],
+            "response": c.text,
+            "ground_truth": ex.answer,
+            **{k: float(v) for k, v in s.items()},
+            "tokens": len(c.token_ids),
+            "finish_reason": c.finish_reason,
+        })
+    return EvalResult(records, summarize(records, sampling.n, time.perf_counter() - start))
+
+
+def write_results(out_dir: str | Path, result: EvalResult) -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "results.jsonl").open("w", encoding="utf-8") as f:
+        for r in result.records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    (out / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n", encoding="utf-8")
+
+
+def print_summary(result: EvalResult, title: str = "evaluation", examples_per_category: int = 2, console=None) -> None:
+    """A table of the summary and a few example responses per category."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    s = result.summary
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("completions", str(s["n"]))
+    table.add_row("accuracy", f"{s['accuracy']:.3f}")
+    table.add_row("format rate", f"{s['format_rate']:.3f}")
+    for name, label in CATEGORIES.items():
+        table.add_row(label, str(s["categories"].get(name, 0)))
+    table.add_row("mean response tokens", f"{s['mean_response_tokens']:.1f}")
+    table.add_row("truncated", f"{s['truncated_rate']:.3f}")
+    for k, v in s.get("pass_at_k", {}).items():
+        table.add_row(f"pass@{k}", f"{v:.3f}")
+    if "completions_per_second" in s:
+        table.add_row("completions / s", f"{s['completions_per_second']}")
+    console.print(table)
+    for name, label in CATEGORIES.items():
+        shown = [r for r in result.records if category(r) == name][:examples_per_category]
+        for r in shown:
+            console.rule(f"[bold]{label}[/] (truth {r['ground_truth']})")
+            console.print(r["response"][-600:], markup=False, highlight=False)
+
+
+def run_eval(cfg: EvalConfig) -> dict:
+    """Evaluate a model with one prompt on one split; write results.jsonl and summary.json; print the table."""
+    from tqdm import tqdm
+
+    from rlvr.core.devices import native_dtype, resolve
+    from rlvr.core.models import load_model
+    from rlvr.engines.hf import HFEngine
+    from rlvr.tasks.datasets import load_split
+    from rlvr.tasks.prompts import get_prompt
+
+    device = resolve(cfg.device, "device")  # before anything is loaded or written
+    if cfg.grades_code:  # likewise a sandbox that cannot isolate programs
+        cfg.sandbox.apply()
+    prompt = get_prompt(cfg.prompt)
+    examples = load_split(cfg, cfg.split, cfg.limit)
+    out = Path(cfg.out or f"runs/eval/{Path(cfg.model).name}-{cfg.prompt}-{cfg.split}")
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.save(out / "config.yaml")
+    dtype = native_dtype(cfg.dtype, device)  # loaded in the engine's dtype: one copy of the weights
+    model, tokenizer = load_model(cfg.model, dtype=dtype, device=device)
+    engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size, dtype=dtype)
+    sampling = sampling_params(cfg, stop=prompt.stop, seed=cfg.seed)
+    with tqdm(total=len(examples) * cfg.samples, unit="completion", desc=f"eval {cfg.prompt}") as bar:
+        result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer, progress=bar.update)
+    result.summary.update(model=cfg.model, prompt=cfg.prompt, dataset=cfg.dataset, split=cfg.split)
+    write_results(out, result)
+    print_summary(result, title=f"{cfg.model} · {cfg.prompt} · {cfg.dataset}/{cfg.split}",
+                  examples_per_category=cfg.examples_per_category)
+    print(f"wrote {out}/results.jsonl and {out}/summary.json")
+    return result.summary
+
+
+# ----------------------------------------------------------------------------------------------------
+# Validation during training (the same evaluation, on the validation split), and step 0's cache.
+
+
+def validate(engine: RolloutEngine, policy, examples: list[Example], prompt: PromptTemplate, tokenizer,
+             cfg: TrainingFields, prefix: str = "val") -> tuple[dict, list[dict]]:
+    """Greedy (by default) validation through the evaluation code, and with `eval_sampled_samples` the sampled
+    one beside it (metrics under `<prefix>_sampled/`, e.g. val_sampled/accuracy, the sampled pass@1); returns
+    metrics and the records of the first."""
+    engine.sync_weights(policy)
+    runs = [(prefix, sampling_params(cfg, stop=prompt.stop, seed=cfg.seed, validation=True))]
+    if cfg.eval_sampled_samples:
+        runs.append((f"{prefix}_sampled", sampling_params(cfg, stop=prompt.stop, seed=cfg.seed, validation=True,
+                                                          sampled=True)))
+    metrics, results = {}, []
+    for name, sampling in runs:
+        result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer)
+        results.append(result)
+        s = result.summary
+        metrics.update({
+            f"{name}/accuracy": s["accuracy"],
+            f"{name}/format_rate": s["format_rate"],
+            f"{name}/mean_response_tokens": s["mean_response_tokens"],
+            f"{name}/truncated_rate": s["truncated_rate"],
+            f"{name}/seconds": s["seconds"],
+            **{f"{name}/pass@{k}": v for k, v in s.get("pass_at_k", {}).items()},
+        })
+    return metrics, results[0].records
+
+
+# Fields that cannot change step 0's validation (the start model, before any update, through the evaluation
+# engine): the optimizer, the estimator, the rollouts' sampling, the schedule of steps, logs and checkpoints. Every
+# other field, and any field added later, is part of the cache key, so a field missing here costs a cache miss,
+# never a wrong number.
+NOT_IN_START_VALIDATION = frozenset((
+    "out", "resume", "steps", "learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm",
+    "warmup_steps", "lr_schedule", "min_lr_ratio", "microbatch_size", "gradient_checkpointing", "share_prefix",
+    "save_every", "keep_checkpoints", "tensorboard", "wandb_project", "eval_every", "eval_at_end",
+    "eval_start_cache", "log_rollouts_every", "algorithm", "baseline", "advantage_normalizer", "advantage",
+    "advantage_eps", "importance_reweighting_method", "cliprange", "cliprange_high", "loss_normalization",
+    "normalization_constant", "beta", "kl_estimator", "steps_per_rollout", "mask_truncated_completions",
+    "reward_signal", "distill", "distill_discount", "distill_kl", "rollout_batch_size", "group_size", "temperature",
+    "top_p", "max_new_tokens", "min_new_tokens", "repetition_penalty", "dynamic_sampling", "dynamic_sampling_rounds",
+    "dynamic_sampling_questions",
+))
+
+
+def _code_digest() -> str:
+    """sha256 of rlvr's own source files: a change anywhere in rlvr invalidates every cached validation."""
+    root = Path(__file__).resolve().parents[1]  # the whole rlvr package
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _versions() -> dict[str, str | None]:
+    """The versions of what validation computes with besides rlvr: the model code, tokenizer and grader."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("torch", "transformers", "tokenizers", "math-verify"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def start_validation_key(cfg: TrainingFields) -> str | None:
+    """The cache key of step 0's validation, or None when the start model has no weight files to hash (a hub
+    name, a GGUF) and so is not cached. Besides the config: the weights, rlvr's code, the packages it computes
+    with, the processor and torch's thread count (bf16 sums round differently with either)."""
+    weights = ckpt.model_digest(Path(cfg.model))
+    if weights is None:
+        return None
+    fields = {k: v for k, v in cfg.model_dump(mode="json", by_alias=True).items() if k not in NOT_IN_START_VALIDATION}
+    key = {"config": fields, "weights": weights, "code": _code_digest(), "packages": _versions(),
+           "cpu": ckpt.cpu_name(), "threads": torch.get_num_threads()}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def validation_cache() -> Path:
+    return cache_dir() / "validation"
+
+
+def start_validation(engine: RolloutEngine, policy, examples: list[Example], prompt: PromptTemplate, tokenizer,
+                     cfg: TrainingFields) -> dict:
+    """Step 0's validation metrics. They depend on the start model and the eval settings only, so the runs of a
+    sweep that share them (other algorithms, learning rates) compute them once: the first run writes them to
+    $RLVR_CACHE/validation/<key>.json and the others read them, logged with `time/validate_cached` = 1 (their
+    val/seconds is the first run's). Validation draws from its own random streams, so skipping it changes
+    nothing that follows."""
+    key = start_validation_key(cfg) if cfg.eval_start_cache else None
+    path = validation_cache() / f"{key}.json" if key else None
+    if path is not None and path.is_file():
+        try:
+            metrics = json.loads(path.read_text(encoding="utf-8"))
+            log.info("step 0 validation from the cache (%s)", path)
+            return {**metrics, "time/validate_cached": 1.0}
+        except ValueError:  # a damaged entry is computed again and replaced
+            pass
+    metrics, _ = validate(engine, policy, examples, prompt, tokenizer, cfg)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(metrics), encoding="utf-8")
+        os.replace(tmp, path)
+    return metrics

@@ -1,0 +1,193 @@
+"""Sampling and scoring a step's rollouts (seed 004 Algorithm 1, lines 3-7), with typed records between them:
+
+    next_questions -> collect_rollouts / dynamic_rollouts -> Rollouts -> score_rollouts -> Scored (a TrainBatch)
+
+Every rollout is reproducible from (seed, step, question, sample index): `rollout_sampling` keys the engine's
+random streams by the step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from rlvr.algorithms.policy import tokenize_prompt_and_ids
+from rlvr.algorithms.spec import EstimatorSpec, compute_advantages
+from rlvr.algorithms.update import TrainBatch
+from rlvr.config import TrainConfig, sampling_params
+from rlvr.engines.base import Completion, RolloutEngine
+from rlvr.tasks.prompts import PromptTemplate
+from rlvr.tasks.records import DataOrder, Example
+from rlvr.tasks.rewards import combine_rewards, format_reward_fn, get_reward_fn, score_batch
+from rlvr.tasks.scoring import rewards_and_metadata
+
+
+def build_reward_fn(cfg: TrainConfig, prompt_reward: str):
+    """The prompt's reward, or a weighted combination such as {r1_zero: 1.0, format: 0.2} (seed 002)."""
+    if not cfg.rewards:
+        return get_reward_fn(prompt_reward)
+    parts = []
+    for name, weight in cfg.rewards.items():
+        fn = format_reward_fn(prompt_reward) if name == "format" else get_reward_fn(name)
+        parts.append((name, fn, weight))
+    return combine_rewards(parts)
+
+
+@dataclasses.dataclass
+class Rollouts:
+    """One rollout batch: the questions, their prompts and G completions each (prompt-major)."""
+
+    questions: list[Example]
+    prompts: list[str]
+    completions: list[Completion]
+
+    @property
+    def responses(self) -> list[str]:
+        return [c.text for c in self.completions]
+
+    @property
+    def truths(self) -> list[str]:
+        return [self.questions[c.prompt_index].answer for c in self.completions]
+
+    @property
+    def truncated(self) -> torch.Tensor:
+        return torch.tensor([c.finish_reason == "length" for c in self.completions])
+
+
+@dataclasses.dataclass
+class Scored:
+    """A rollout batch's rewards and the TrainBatch its advantages make; `unknown_rows`: rollouts whose
+    engine gave no sampling log-probs (no mismatch measured or corrected on them)."""
+
+    scores: list[dict]
+    reward_meta: dict
+    adv_meta: dict
+    batch: TrainBatch
+    unknown_rows: int = 0
+
+
+def sampled_log_probs(completions: list[Completion], labels: torch.Tensor, response_mask: torch.Tensor):
+    """The engine's sampling-time log-probs placed at the batch's response positions, (N, T), NaN elsewhere and
+    for a row whose engine gave none (or whose trained ids are not its sampled ids: a guard, score_rollouts
+    trains the sampled ids). Returns (log-probs, rows unknown)."""
+    out = torch.full(labels.shape, float("nan"))
+    unknown = 0
+    for j, c in enumerate(completions):
+        positions = response_mask[j].nonzero().squeeze(-1)
+        ids = labels[j, positions].tolist()
+        if c.logprobs is not None and list(c.token_ids) == ids and len(c.logprobs) == len(ids):
+            out[j, positions] = torch.tensor(c.logprobs, dtype=torch.float32)
+        elif ids:
+            unknown += 1
+    return out, unknown
+
+
+def next_questions(train: list[Example], order: DataOrder, prompt: PromptTemplate, tokenizer, cfg: TrainConfig,
+                   count: int | None = None):
+    """The next `count` questions (default: a rollout batch's) and their prompts."""
+    questions = [train[i] for i in order.take(count or cfg.rollout_batch_size // cfg.group_size)]
+    return questions, [prompt.format(q.question, tokenizer) for q in questions]
+
+
+def rollout_sampling(cfg: TrainConfig, prompt: PromptTemplate, step: int):
+    """Step `step`'s sampling: the seed makes every rollout a function of (seed, step, question, sample). The
+    engine reports its sampling log-probs: the update measures and corrects the rollout-vs-trainer mismatch."""
+    sampling = sampling_params(cfg, stop=prompt.stop, seed=cfg.seed * 1_000_003 + step)
+    return dataclasses.replace(sampling, logprobs=True)
+
+
+def collect_rollouts(engine: RolloutEngine, model, train: list[Example], order: DataOrder, prompt: PromptTemplate,
+                     tokenizer, cfg: TrainConfig, step: int) -> Rollouts:
+    questions, prompts = next_questions(train, order, prompt, tokenizer, cfg)
+    engine.sync_weights(model)
+    return Rollouts(questions, prompts, engine.generate(prompts, rollout_sampling(cfg, prompt, step)))
+
+
+def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: DataOrder, prompt: PromptTemplate,
+                     tokenizer, cfg: TrainConfig, step: int, reward_fn, spec: EstimatorSpec):
+    """DAPO's dynamic sampling, for every estimator: a group teaches nothing when the run's own estimator gives
+    it zero advantage on every rollout (a mean baseline: rewards without spread; no baseline, as in rft and
+    reinforce: all wrong; DAPO's masking: every rollout with signal truncated; a registered advantage: whatever
+    it says), so such groups are dropped and new questions sampled in their place, up to
+    `dynamic_sampling_rounds` generations, until the batch holds rollout_batch_size / group_size groups with
+    signal (the first round generates `dynamic_sampling_questions` questions when set, later rounds as many as
+    the keep rate so far says will fill the batch). Short of that, the step trains the groups it found; none
+    found: the last round's first groups, never more rows than the configured batch. Each group is judged by
+    the advantage function on that group alone (a group estimator's advantages are exactly that).
+
+    Returns the batch, what the sampling cost (`train/dynamic_*`), the batch's (scores, grading counts of every
+    round) for `score_rollouts`, so nothing is graded twice, and (everything sampled, its scores) for the
+    step's rollout metrics."""
+    want, g = cfg.rollout_batch_size // cfg.group_size, cfg.group_size
+    key = "answer_reward" if spec.reward_signal == "correctness" else "reward"  # the advantage's signal
+    questions, prompts, completions, kept_scores = [], [], [], []
+    everything = Rollouts([], [], [])
+    every_score: list[dict] = []
+    grading: dict[str, float] = {}
+    sampled, right, rounds = 0, 0.0, 0
+    engine.sync_weights(model)
+    while len(questions) < want and rounds < cfg.dynamic_sampling_rounds:
+        missing = want - len(questions)
+        # after the first round, ask for as many questions as this step's keep rate says will fill the batch
+        rate = max(len(questions) * g / sampled, 1 / want) if sampled else 1.0
+        first = cfg.dynamic_sampling_questions or missing
+        count = first if not sampled else min(max(4 * want, first), math.ceil(missing / rate))
+        new_q, new_p = next_questions(train, order, prompt, tokenizer, cfg, count=count)
+        sampling = rollout_sampling(cfg, prompt, step)
+        sampling = dataclasses.replace(sampling, seed=sampling.seed + 1_000_000_007 * rounds)
+        batch = Rollouts(new_q, new_p, engine.generate(new_p, sampling))
+        rounds += 1
+        scores, counts = score_batch(reward_fn, batch.responses, batch.truths)
+        for name, value in counts.items():
+            grading[name] = grading.get(name, 0) + value
+        sampled += len(scores)
+        right += sum(float(s["answer_reward"]) for s in scores)
+        offset = len(everything.questions)
+        everything.questions += new_q
+        everything.prompts += new_p
+        everything.completions += [dataclasses.replace(c, prompt_index=c.prompt_index + offset)
+                                   for c in batch.completions]
+        every_score += scores
+        last = batch, scores
+        for q in range(len(new_q)):
+            group = slice(q * g, (q + 1) * g)
+            advantages, _ = compute_advantages(torch.tensor([float(s[key]) for s in scores[group]]), g, spec)
+            if spec.mask_truncated_completions:  # score_rollouts zeroes these, so they carry no signal
+                advantages = torch.where(batch.truncated[group], torch.zeros_like(advantages), advantages)
+            if bool((advantages != 0).any()) and len(questions) < want:  # extras beyond a full batch are dropped
+                completions += [dataclasses.replace(c, prompt_index=len(questions)) for c in batch.completions[group]]
+                kept_scores += scores[group]
+                questions.append(new_q[q])
+                prompts.append(new_p[q])
+    meta = {"train/dynamic_rounds": rounds, "train/dynamic_kept_groups": len(questions),
+            "train/dynamic_sampled_rollouts": sampled, "train/sampled_answer_reward": right / max(sampled, 1)}
+    if not questions:  # nothing had signal: the last round's first batch of groups (a zero-gradient step)
+        batch, scores = last
+        kept = Rollouts(batch.questions[:want], batch.prompts[:want], batch.completions[: want * g])
+        return kept, meta, (scores[: want * g], grading), (everything, every_score)
+    return Rollouts(questions, prompts, completions), meta, (kept_scores, grading), (everything, every_score)
+
+
+def score_rollouts(rollouts: Rollouts, reward_fn, spec: EstimatorSpec, cfg: TrainConfig, tokenizer,
+                   graded: tuple[list[dict], dict] | None = None) -> Scored:
+    """Rewards and advantages over the whole rollout batch, then the tokens the update trains on. `graded`:
+    the batch's (scores, grading counts) when they are known already (dynamic sampling graded them)."""
+    scores, grading = graded if graded is not None else score_batch(reward_fn, rollouts.responses, rollouts.truths)
+    raw_rewards, reward_meta = rewards_and_metadata(scores, grading)
+    if spec.reward_signal == "correctness":  # RFT's indicator, MaxRL's success: shaping does not enter
+        raw_rewards = torch.tensor([float(s["answer_reward"]) for s in scores])
+    advantages, adv_meta = compute_advantages(raw_rewards, cfg.group_size, spec)
+    # the sampled ids are what is trained (EOS included when it was sampled), never the text encoded again
+    tokens = tokenize_prompt_and_ids([rollouts.prompts[c.prompt_index] for c in rollouts.completions],
+                                     [c.token_ids for c in rollouts.completions], tokenizer)
+    mask = tokens["response_mask"]
+    sampled, unknown = sampled_log_probs(rollouts.completions, tokens["labels"], mask)
+    if spec.mask_truncated_completions:
+        truncated = rollouts.truncated
+        mask = mask & ~truncated.unsqueeze(-1)
+        advantages = torch.where(truncated, torch.zeros_like(advantages), advantages)
+    batch = TrainBatch(tokens["input_ids"], tokens["labels"], mask, advantages,
+                       rollout_log_probs=sampled if unknown < len(rollouts.completions) else None)
+    return Scored(scores, reward_meta, adv_meta, batch, unknown)

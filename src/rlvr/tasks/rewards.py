@@ -1,0 +1,388 @@
+"""Reward functions for GSM8K (seed 004 §4.2.3) and for code (seed 003).
+
+A reward function maps `(response, ground_truth)` to `{"reward", "format_reward", "answer_reward"}`: it
+finds the answer (the last <answer> block for r1_zero and answer_tag, the last \\boxed{} for
+question_only) and grades it with `rlvr.grading`, whose docstring holds the grading rules and how they
+depart from the reference grader. `score_batch` extracts every answer of a batch in-process and grades
+them in one call, so the slow-path answers are graded in parallel; `combine_rewards` and
+`format_reward_fn` build weighted sums and format bonuses. `code_tests` runs the response's program
+against the problem's tests in the sandbox (`rlvr.grading.code`, `rlvr.sandbox`); its batch's outcomes
+are logged as "grading/code_*".
+
+The grading functions are re-exported here (`grade_answer`, `configure_grading`, `grading_stats`, ...),
+and so is `parse_gsm8k_answer` of `rlvr.tasks.records`. This module does not import torch; only
+`compute_rollout_rewards` does, when called.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from typing import Callable, Sequence
+
+from rlvr.grading import (  # re-exported: the grading half of this module's interface
+    configure_grading,
+    extract_boxed,
+    grade_answer,
+    grade_pairs,
+    grading_stats,
+    reset_grading_stats,
+    shutdown_grading,
+)
+from rlvr.grading.code import extract_code, grade_programs
+from rlvr.grading.extract import as_text, last_outer_box
+from rlvr.grading.screen import unbox
+from rlvr.sandbox import sandbox_stats
+from rlvr.sandbox.records import SandboxLimits
+from rlvr.tasks.records import parse_gsm8k_answer  # re-exported: graders and tasks both read GSM8K answers
+
+__all__ = [
+    "REWARD_FNS",
+    "RewardFn",
+    "answer_tag_reward_fn",
+    "code_tests_reward_fn",
+    "combine_rewards",
+    "configure_grading",
+    "extract_boxed",
+    "format_reward_fn",
+    "get_reward_fn",
+    "grade_answer",
+    "grading_stats",
+    "parse_gsm8k_answer",
+    "question_only_reward_fn",
+    "r1_zero_reward_fn",
+    "reset_grading_stats",
+    "score_batch",
+    "shutdown_grading",
+]
+
+Scores = dict[str, float]
+
+# ----------------------------------------------------------------------------------------------------
+# Reward functions. Each is a RewardFn: call it on one response, or `score_batch` it on many.
+
+
+def _scores(format_ok: float, right: bool) -> Scores:
+    return {"reward": float(right), "format_reward": float(format_ok), "answer_reward": float(right)}
+
+
+class RewardFn:
+    """A reward function `fn(response, ground_truth) -> {"reward", "format_reward", "answer_reward"}`
+    that can also grade a batch in parallel (`fn.batch`). Subclasses say where the answer is (`extract`)."""
+
+    name = "reward"
+
+    def extract(self, response: str) -> tuple[float, str | None]:
+        """(format_reward, the answer to grade or None when there is none)."""
+        raise NotImplementedError
+
+    def plan(self, responses: list[str], ground_truths: list[str]):
+        """The (answer, ground truth) pairs to grade, and a function from their verdicts to the scores."""
+        extracted = []
+        for response in responses:
+            try:
+                extracted.append(self.extract(response))
+            except Exception:  # a bug here must cost one sample its reward, not the run
+                extracted.append((0.0, None))
+        pairs = [(a, g) for (_, a), g in zip(extracted, ground_truths) if a is not None]
+
+        def finish(verdicts: list[bool]) -> list[Scores]:
+            it = iter(verdicts)
+            return [_scores(f, a is not None and next(it)) for f, a in extracted]
+
+        return pairs, finish
+
+    def __call__(self, response: str, ground_truth: str) -> Scores:
+        return self.batch([response], [ground_truth])[0][0]
+
+    def batch(self, responses: Sequence[str], ground_truths: Sequence[str]) -> tuple[list[Scores], dict]:
+        return score_batch(self, responses, ground_truths)
+
+    def __repr__(self) -> str:
+        return f"<reward fn {self.name}>"
+
+
+class R1ZeroReward(RewardFn):
+    """The r1_zero contract: the response (which begins inside the think block) must contain
+    "</think> <answer>" and then "</answer>"; the answer is the last complete <answer> block.
+
+    >>> r1_zero_reward_fn(" 48/2 = 24, 48+24 = 72 </think> <answer> 72 </answer>", "72")
+    {'reward': 1.0, 'format_reward': 1.0, 'answer_reward': 1.0}
+    >>> r1_zero_reward_fn(" so 70 </think> <answer> \\\\boxed{70} </answer>", "72")["format_reward"]
+    1.0
+    >>> r1_zero_reward_fn(" <answer> 72 </answer> </think>", "72")  # answer inside the think block
+    {'reward': 0.0, 'format_reward': 0.0, 'answer_reward': 0.0}
+    """
+
+    name = "r1_zero"
+
+    def extract(self, response: str) -> tuple[float, str | None]:
+        response = as_text(response)
+        start = response.find("</think> <answer>")
+        if start < 0 or response.find("</answer>", start) < 0:
+            return 0.0, None
+        end = response.rfind("</answer>")
+        # The block opens at the first <answer> after the previous block's end, so an <answer> left open
+        # before it ("<answer> 5 <answer> 72 </answer>") is inside this answer, and that answer holds a tag.
+        previous = response.rfind("</answer>", 0, end)
+        first = start + len("</think> ")
+        opened = response.find("<answer>", max(first, previous + len("</answer>")) if previous >= 0 else first, end)
+        if opened < 0:
+            opened = response.rfind("<answer>", 0, end)
+        return 1.0, unbox(response[opened + len("<answer>") : end])
+
+
+class QuestionOnlyReward(RewardFn):
+    """The question_only contract: the answer is the last \\boxed{} (not inside another); format_reward 1 iff
+    there is one.
+
+    >>> question_only_reward_fn("Half of 48 is 24, so 48 + 24 = \\\\boxed{72}.", "72")["reward"]
+    1.0
+    """
+
+    name = "question_only"
+
+    def extract(self, response: str) -> tuple[float, str | None]:
+        box = last_outer_box(as_text(response))
+        if box is None:
+            return 0.0, None
+        answer = unbox(box[2])  # "\\boxed{\\boxed{72}}" is 72; "\\boxed{41 or \\boxed{42}}" is hedged
+        return (1.0, answer) if answer is not None else (1.0, "")
+
+
+_OPEN_TAG = re.compile(r"<\s*answer\s*>", re.I)
+_CLOSE_TAG = re.compile(r"<\s*/\s*answer\s*>", re.I)
+
+
+class AnswerTagReward(RewardFn):
+    """Lenient, for chat prompts: the answer is the last <answer>...</answer> block (any case, spaces
+    inside the tags), no think block needed; \\boxed{} inside it is unwrapped.
+
+    >>> answer_tag_reward_fn("So 72 clips.\\n< ANSWER >72</answer >", "72")["reward"]
+    1.0
+    """
+
+    name = "answer_tag"
+
+    def extract(self, response: str) -> tuple[float, str | None]:
+        response = as_text(response)
+        previous = close = None
+        for match in _CLOSE_TAG.finditer(response):
+            previous, close = close, match
+        if close is None:
+            return 0.0, None
+        # As for r1_zero: the block opens at the first <answer> after the previous block's end.
+        opened = _OPEN_TAG.search(response, previous.end() if previous else 0, close.start())
+        if opened is None:
+            for opened in _OPEN_TAG.finditer(response, 0, close.start()):
+                pass
+        if opened is None:
+            return 0.0, None
+        return 1.0, unbox(response[opened.end() : close.start()])
+
+
+class FormatReward(RewardFn):
+    """Another reward function's format_reward as the reward: a format bonus, with no grading."""
+
+    def __init__(self, base: RewardFn):
+        self.base, self.name = base, f"format/{base.name}"
+
+    def extract(self, response: str) -> tuple[float, str | None]:
+        return self.base.extract(response)[0], None
+
+    def plan(self, responses, ground_truths):
+        formats = []
+        for response in responses:
+            try:
+                formats.append(float(self.base.extract(response)[0]))
+            except Exception:
+                formats.append(0.0)
+        return [], lambda _: [{"reward": f, "format_reward": f, "answer_reward": 0.0} for f in formats]
+
+
+class CombinedReward(RewardFn):
+    """A weighted sum of reward functions; see `combine_rewards`."""
+
+    def __init__(self, components: list[tuple[str, Callable, float]]):
+        self.components = components
+        self.name = "+".join(name for name, _, _ in components)
+
+    def plan(self, responses, ground_truths):
+        parts = []  # (name, weight, first pair index, pair count, finish) per component
+        pairs: list[tuple[str, str]] = []
+        for name, fn, weight in self.components:
+            if isinstance(fn, RewardFn):
+                sub_pairs, finish = fn.plan(responses, ground_truths)
+            else:  # a user's plain callable: no batch support, called one by one
+                done = [fn(r, g) for r, g in zip(responses, ground_truths)]
+                sub_pairs, finish = [], lambda _, done=done: done
+            parts.append((name, weight, len(pairs), len(sub_pairs), finish))
+            pairs.extend(sub_pairs)
+
+        # correctness comes from the first component that grades answers: a format bonus listed first
+        # ({format: 0.2, r1_zero: 1.0}) has no answer, and would make every answer look wrong to RFT/MaxRL
+        graders = [i for i, (_, fn, _) in enumerate(self.components) if not isinstance(fn, FormatReward)]
+        grader = graders[0] if graders else 0
+
+        def finish_all(verdicts: list[bool]) -> list[Scores]:
+            results = [(name, w, finish(verdicts[i : i + n])) for name, w, i, n, finish in parts]
+            out = []
+            for k in range(len(responses)):
+                first = results[0][2][k]
+                row = {
+                    "reward": sum(w * float(scores[k]["reward"]) for _, w, scores in results),
+                    "format_reward": float(first["format_reward"]),
+                    "answer_reward": float(results[grader][2][k]["answer_reward"]),
+                }
+                row.update({f"reward/{name}": float(scores[k]["reward"]) for name, _, scores in results})
+                out.append(row)
+            return out
+
+        return pairs, finish_all
+
+
+def combine_rewards(components: list[tuple[str, Callable, float]]) -> RewardFn:
+    """A reward function that is the weighted sum of others (seed 002: correctness plus a format bonus).
+
+    `reward` is sum(weight * component reward); `format_reward` comes from the first component and
+    `answer_reward` (correctness) from the first one that is not a format bonus; `reward/<name>` is each
+    component's unweighted reward.
+
+    >>> fn = combine_rewards([("correct", r1_zero_reward_fn, 1.0), ("format", format_reward_fn(), 0.2)])
+    >>> fn(" 70 </think> <answer> 70 </answer>", "72")
+    {'reward': 0.2, 'format_reward': 1.0, 'answer_reward': 0.0, 'reward/correct': 0.0, 'reward/format': 1.0}
+    """
+    components = list(components)
+    if not components:
+        raise ValueError("combine_rewards: needs at least one (name, reward_fn, weight) component")
+    checked = []
+    for item in components:
+        if not (isinstance(item, tuple) and len(item) == 3):
+            raise ValueError(f"combine_rewards: each component is (name, reward_fn, weight); got {item!r}")
+        name, fn, weight = item
+        if not isinstance(name, str) or not name or not callable(fn):
+            raise ValueError(f"combine_rewards: component {item!r} needs a non-empty name and a callable")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ValueError(f"combine_rewards: weight of {name!r} must be a finite number; got {weight!r}")
+        checked.append((name, fn, float(weight)))
+    names = [name for name, _, _ in checked]
+    if len(set(names)) != len(names):
+        raise ValueError(f"combine_rewards: component names must be distinct; got {names}")
+    return CombinedReward(checked)
+
+
+def format_reward_fn(base: RewardFn | str = "r1_zero") -> RewardFn:
+    """A reward function whose reward is `base`'s format_reward (a format bonus for `combine_rewards`).
+
+    >>> format_reward_fn("answer_tag")("<answer> 7 </answer>", "72")
+    {'reward': 1.0, 'format_reward': 1.0, 'answer_reward': 0.0}
+    """
+    base = get_reward_fn(base) if isinstance(base, str) else base
+    if not isinstance(base, RewardFn) or isinstance(base, (CombinedReward, FormatReward)):
+        raise ValueError(f"format_reward_fn: base must be one of {sorted(REWARD_FNS)} or a RewardFn; got {base!r}")
+    return FormatReward(base)
+
+
+class CodeTestsReward(RewardFn):
+    """Code (seed 003): the last fenced Python block of the response, run against the ground truth's tests
+    in the sandbox (`rlvr.grading.code`); reward 1 when all pass (`fraction`: the fraction passed),
+    answer_reward 1 only when all pass. With `think`, the format also needs "</think>" before the block.
+
+    >>> code_tests_reward_fn("```python\\ndef f(x):\\n    return 2 * x\\n```\\n", code_answer(["assert f(2) == 4"], "f"))
+    {'reward': 1.0, 'format_reward': 1.0, 'answer_reward': 1.0}
+    """
+
+    def __init__(self, fraction: bool = False, think: bool = False, limits: SandboxLimits | None = None):
+        self.fraction, self.think, self.limits = fraction, think, limits
+        options = [o for o, on in (("think", think), ("fraction", fraction)) if on]
+        self.name = "code_tests" + (":" + ",".join(options) if options else "")
+
+    def extract(self, response: str) -> tuple[float, str | None]:
+        return extract_code(as_text(response), self.think)
+
+    def plan(self, responses, ground_truths):
+        extracted = []
+        for response in responses:
+            try:
+                extracted.append(self.extract(response))
+            except Exception:
+                extracted.append((0.0, None))
+        outcome = grade_programs([p for _, p in extracted], list(ground_truths), self.limits)
+
+        def finish(_verdicts) -> list[Scores]:
+            out = []
+            for (fmt, _), (ok, n) in zip(extracted, outcome):
+                right = n > 0 and ok == n
+                out.append({"reward": ok / n if self.fraction and n else float(right), "format_reward": float(fmt),
+                            "answer_reward": float(right)})
+            return out
+
+        return [], finish
+
+
+r1_zero_reward_fn = R1ZeroReward()
+question_only_reward_fn = QuestionOnlyReward()
+answer_tag_reward_fn = AnswerTagReward()
+code_tests_reward_fn = CodeTestsReward()
+
+REWARD_FNS: dict[str, RewardFn] = {
+    "r1_zero": r1_zero_reward_fn,
+    "question_only": question_only_reward_fn,
+    "answer_tag": answer_tag_reward_fn,
+    "code_tests": code_tests_reward_fn,
+    "code_tests:think": CodeTestsReward(think=True),
+    "code_tests:fraction": CodeTestsReward(fraction=True),
+    "code_tests:think,fraction": CodeTestsReward(fraction=True, think=True),
+    "code_format": FormatReward(code_tests_reward_fn),
+}
+
+
+def get_reward_fn(name: str) -> RewardFn:
+    """The built-in reward function of that name (a key of REWARD_FNS)."""
+    try:
+        return REWARD_FNS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown reward function {name!r}; valid: {', '.join(sorted(REWARD_FNS))}") from None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Scoring a batch of rollouts.
+
+
+def score_batch(
+    reward_fn: Callable[[str, str], Scores], responses: Sequence[str], ground_truths: Sequence[str]
+) -> tuple[list[Scores], dict]:
+    """Score many responses at once: the same dicts as calling `reward_fn` one by one, but the slow-path
+    gradings of a RewardFn run concurrently in the pool. A plain callable is called one by one.
+
+    Metadata: "grading/<count>" for the counts of `grading_stats` in this batch, and "grading/seconds".
+
+    >>> scores, meta = score_batch(r1_zero_reward_fn, [" </think> <answer> $72 </answer>", "72"], ["72", "72"])
+    >>> [s["reward"] for s in scores], meta["grading/fast_path"], meta["grading/slow_path"]
+    ([1.0, 0.0], 1, 0)
+    """
+    responses, ground_truths = list(responses), list(ground_truths)
+    if len(responses) != len(ground_truths):
+        raise ValueError(
+            f"score_batch: responses ({len(responses)}) and ground_truths ({len(ground_truths)}) differ in length"
+        )
+    responses = [as_text(r) for r in responses]
+    ground_truths = [as_text(g) for g in ground_truths]
+    start, ran_before = time.perf_counter(), sandbox_stats()
+    if isinstance(reward_fn, RewardFn):
+        pairs, finish = reward_fn.plan(responses, ground_truths)  # a code reward runs its programs here
+        verdicts, counts = grade_pairs(pairs)
+        scores = finish(verdicts)
+    else:
+        before = grading_stats()
+        scores = [reward_fn(r, g) for r, g in zip(responses, ground_truths)]
+        after = grading_stats()
+        counts = {key: after[key] - before[key] for key in after}
+    counts["seconds"] = time.perf_counter() - start
+    ran = {key: value - ran_before[key] for key, value in sandbox_stats().items()}
+    if ran["programs"]:  # programs run in the sandbox, by outcome (distinct programs: repeats run once)
+        counts.update({f"code_{key}": value for key, value in ran.items()})
+    return scores, {f"grading/{key}": value for key, value in counts.items()}
+
+

@@ -1,0 +1,125 @@
+"""`rlvr train`: the RL loop of seed 004 Algorithm 1, for every estimator (preset or user-registered).
+
+    for step in 1..steps:
+        rollouts   <- G samples for each of the next questions, from the engine (weights synced)  Rollouts
+        scored     <- rewards, advantages over the whole rollout batch, tokens                   TrainBatch
+        [teacher log-probs -> per-token advantages]                                (distill > 0: opd)
+        [old log-probs of train batches 2..k, once, before the first update]      (off-policy)
+        [reference log-probs]                                                      (beta > 0)
+        for each of the k = steps_per_rollout train batches: one policy_gradient_update
+        log; validate every eval_every; checkpoint every save_every
+
+Each line is a stage of rlvr.stages, which the distributed loop (rlvr.distributed) runs too; a run with
+`distributed.*` set is handed to it. Entry logic (seed 000): if `out` already holds a finished model, it is
+evaluated instead of trained. Every rollout is reproducible from (seed, step, question, sample index).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from rlvr import stages
+from rlvr.config import TrainConfig
+from rlvr.core import checkpoint as ckpt
+from rlvr.core.models import load_model
+from rlvr.engines.hf import HFEngine
+from rlvr.tasks.datasets import load_split
+from rlvr.tasks.prompts import get_prompt
+from rlvr.tasks.records import DataOrder
+
+log = logging.getLogger(__name__)
+
+
+def train_grpo(cfg: TrainConfig) -> dict:
+    finished = ckpt.finished_model(Path(cfg.out))
+    if finished is not None:
+        return evaluate_finished(cfg, finished)
+    if cfg.distributed.enabled:  # Ray roles: the same step, split over processes and machines
+        from rlvr.distributed.driver import train_distributed
+
+        return train_distributed(cfg)
+    where = stages.placement(cfg)  # a device this machine lacks stops the run here, before anything is written
+    ckpt.seed_everything(cfg.seed)
+    prompt, spec = get_prompt(cfg.prompt), cfg.estimator
+    train = load_split(cfg, "train", cfg.train_limit)
+    val = load_split(cfg, "validation", cfg.eval_limit)
+    run_dir = stages.start_run(cfg)  # (after the data's checks: a run that cannot start leaves no directory behind)
+    cfg = stages.native_precision(cfg, where)
+    reward_fn = stages.build_reward_fn(cfg, prompt.reward)
+    model, tokenizer, state = stages.load_policy(cfg, run_dir, where.policy)
+    optimizer, scheduler = stages.build_optimizer(model, cfg, cfg.steps * spec.steps_per_rollout)
+    reference = stages.reference_model(cfg, where.reference)
+    teacher = stages.teacher_model(cfg, tokenizer, where.teacher)
+    monitor = stages.RunMonitor(cfg.max_new_tokens)
+    step, order = stages.restore(state, optimizer, scheduler, DataOrder(len(train), f"grpo-{cfg.seed}"))
+    if state is not None:
+        monitor.load(state["monitor"])
+    logger = stages.open_logger(run_dir, cfg, state)
+    engine, val_engine = stages.build_engines(model, tokenizer, cfg, where)
+    if step == 0 and cfg.eval_at_start:
+        metrics = stages.start_validation(val_engine, model, val, prompt, tokenizer, cfg)
+        logger.log(0, metrics)
+        log.info("step 0 validation: accuracy %.3f, format %.3f", metrics["val/accuracy"], metrics["val/format_rate"])
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=cfg.steps, initial=step, desc=f"train {cfg.algorithm}", unit="step")
+    metrics: dict = {}
+    with stages.StopRequests() as stop:
+        while step < cfg.steps:
+            step += 1
+            times: dict[str, float] = {}
+            dynamic, graded, sampled = {}, None, None
+            with stages.timed(times, "generate"):
+                if cfg.dynamic_sampling:
+                    rollouts, dynamic, graded, sampled = stages.dynamic_rollouts(engine, model, train, order, prompt,
+                                                                          tokenizer, cfg, step, reward_fn, spec)
+                else:
+                    rollouts = stages.collect_rollouts(engine, model, train, order, prompt, tokenizer, cfg, step)
+            with stages.timed(times, "score"):
+                scored = stages.score_rollouts(rollouts, reward_fn, spec, cfg, tokenizer, graded)
+            with stages.timed(times, "teacher"):
+                # (distill_kl reverse / forward: the update scores the teacher itself, logs train/teacher_kl_exact)
+                distilled = stages.distill_from_teacher(scored.batch, model, teacher, spec, cfg) \
+                    if teacher is not None and not spec.exact_distill else {}
+            updates = stages.train_on_rollouts(model, optimizer, scheduler, reference, scored.batch, spec, cfg, step, times,
+                                        teacher=teacher)
+
+            metrics = {**stages.step_metrics(cfg, rollouts, scored, updates, times, scheduler.get_last_lr()[0], sampled),
+                       **distilled,
+                       **dynamic}
+            if stages.validation_due(cfg, step):
+                with stages.timed(times, "validate"):
+                    val_metrics, _ = stages.validate(val_engine, model, val, prompt, tokenizer, cfg)
+                metrics.update(val_metrics, **{"time/validate": times["validate"]})
+            stages.log_step(step, metrics, rollouts, scored, times, monitor, logger, bar, cfg)
+            # the periodic checkpoint; on Ctrl-C / SIGTERM this step saved and the run stopped with one line
+            stop.after_step(cfg, run_dir, step, "rlvr train", close=(bar.close, logger.close),
+                            save=lambda: ckpt.save_checkpoint(
+                                run_dir, step, model, tokenizer,
+                                stages.trainer_state(optimizer, scheduler, order, monitor=monitor.state()),
+                                keep=cfg.keep_checkpoints))
+    bar.close()
+    summary = {"steps": step, "algorithm": cfg.algorithm,
+               **{k_: v for k_, v in metrics.items() if k_.startswith("val/")}}
+    final = ckpt.save_final(run_dir, model, tokenizer, summary)
+    logger.close()
+    log.info("training finished: %s; model in %s", stages.finished_validation(summary), final)
+    return {**summary, "final": str(final)}
+
+
+def evaluate_finished(cfg: TrainConfig, final: Path) -> dict:
+    """Seed 000's entry logic: a finished run is evaluated, not trained again."""
+
+    log.info("%s holds a finished model; evaluating it instead of training", final)
+    where = stages.placement(cfg)
+    if cfg.grades_code:
+        cfg.sandbox.apply()
+    cfg = stages.native_precision(cfg, where)
+    model, tokenizer = load_model(str(final), device=where.eval)
+    engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)
+    val = load_split(cfg, "validation", cfg.eval_limit)
+    metrics, _ = stages.validate(engine, model, val, get_prompt(cfg.prompt), tokenizer, cfg)
+    log.info("finished model: %s", ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+    return {**metrics, "final": str(final), "already_finished": True}

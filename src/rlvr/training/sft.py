@@ -1,0 +1,110 @@
+"""`rlvr sft`: supervised fine-tuning on worked solutions written in the prompt's answer format (the r1_zero
+format for math, a fenced Python block for code: `PromptTemplate.sft_response`).
+
+RL sharpens what a model sometimes does and rarely invents it (seed 002); SmolLM2-135M never writes the
+r1_zero format unprompted, so RL starts from this stage's checkpoint (seed 000). The loop reads top to
+bottom: batch -> microbatched NLL (`sft_microbatch_train_step`) -> clip -> AdamW step -> log -> validate
+-> checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from rlvr import stages
+from rlvr.algorithms.policy import (
+    autocast,
+    get_response_log_probs,
+    sft_microbatch_train_step,
+    tokenize_prompt_and_output,
+)
+from rlvr.config import SFTConfig
+from rlvr.core import checkpoint as ckpt
+from rlvr.stages.evaluation import validate
+from rlvr.tasks.datasets import load_split
+from rlvr.tasks.prompts import get_prompt
+from rlvr.tasks.records import DataOrder
+
+log = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The SFT loop.
+
+
+def train_sft(cfg: SFTConfig) -> dict:
+    done = ckpt.finished_model(Path(cfg.out))
+    if done is not None:
+        log.info("%s already holds a finished model; nothing to do", done)
+        return {"final": str(done), "already_finished": True}
+    where = stages.placement(cfg)  # a device this machine lacks stops the run here, before anything is written
+    ckpt.seed_everything(cfg.seed)
+    prompt = get_prompt(cfg.prompt)
+    train = load_split(cfg, "train", cfg.train_limit)
+    val = load_split(cfg, "validation", cfg.eval_limit)
+    for ex in train:  # an example without a target (a code row without a solution) fails before the model loads
+        prompt.sft_response(ex)
+    run_dir = stages.start_run(cfg)  # (after the data's checks: a run that cannot start leaves no directory behind)
+    cfg = stages.native_precision(cfg, where)
+    model, tokenizer, state = stages.load_policy(cfg, run_dir, where.policy)
+    optimizer, scheduler = stages.build_optimizer(model, cfg, cfg.steps)
+    step, order = stages.restore(state, optimizer, scheduler, DataOrder(len(train), f"sft-{cfg.seed}"))
+    logger = stages.open_logger(run_dir, cfg, state)
+    engine = stages.build_engines(model, tokenizer, cfg, where, rollout=False)[1]  # validation only
+    accumulation = cfg.batch_size // cfg.microbatch_size
+
+    if step == 0 and cfg.eval_at_start:
+        metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
+        logger.log(0, metrics)
+        log.info("step 0 validation: %s", stages.fmt_metrics(metrics))
+    from tqdm import tqdm
+
+    bar = tqdm(total=cfg.steps, initial=step, desc="sft", unit="step")
+    with stages.StopRequests() as stop:
+        while step < cfg.steps:
+            started = time.perf_counter()
+            batch = [train[i] for i in order.take(cfg.batch_size)]
+            model.train()
+            loss_total, tokens, nll = 0.0, 0, 0.0
+            for m in range(0, cfg.batch_size, cfg.microbatch_size):
+                micro = batch[m : m + cfg.microbatch_size]
+                tok = tokenize_prompt_and_output([prompt.format(ex.question, tokenizer) for ex in micro],
+                                                 [prompt.sft_response(ex) for ex in micro], tokenizer)
+                with autocast(cfg.precision, model):
+                    out = get_response_log_probs(model, tok["input_ids"], tok["labels"], positions=tok["response_mask"],
+                                                 share_prefix=cfg.share_prefix)
+                loss, meta = sft_microbatch_train_step(out["log_probs"], tok["response_mask"], accumulation,
+                                                       cfg.normalize_constant)
+                loss_total += loss.item()
+                tokens += int(meta["response_tokens"])
+                nll += meta["nll_per_token"].item() * int(meta["response_tokens"])
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                [p for p in model.parameters() if p.requires_grad], cfg.max_grad_norm or float("inf"))
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            seconds = time.perf_counter() - started
+            metrics = {"train/loss": loss_total, "train/nll_per_token": nll / max(tokens, 1),
+                       "train/grad_norm": float(grad_norm), "train/lr": lr, "train/response_tokens": tokens,
+                       "train/epoch": order.epochs_done, "time/step_seconds": seconds,
+                       "time/tokens_per_second": tokens / seconds}
+            if stages.validation_due(cfg, step):
+                val_metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
+                metrics.update(val_metrics)
+                log.info("step %d: %s", step, stages.fmt_metrics(metrics))
+            logger.log(step, metrics)
+            bar.update(1)
+            bar.set_postfix(nll=f"{metrics['train/nll_per_token']:.3f}", s=f"{seconds:.1f}")
+            # the periodic checkpoint; on Ctrl-C / SIGTERM this step saved and the run stopped with one line
+            stop.after_step(cfg, run_dir, step, "rlvr sft", close=(bar.close, logger.close),
+                            save=lambda: ckpt.save_checkpoint(run_dir, step, model, tokenizer,
+                                                              stages.trainer_state(optimizer, scheduler, order),
+                                                              keep=cfg.keep_checkpoints))
+    bar.close()
+    return stages.finish_run(run_dir, model, tokenizer, step, metrics, logger, "SFT")

@@ -1,0 +1,83 @@
+"""The commands the README and the guides in docs/ show (every `rlvr ...` line of their code blocks) parse
+against the CLI as it is: the command exists, its options are known, and for a command with a config the
+config file loads and every `key=value` names a real field with a valid value, checked as `rlvr` checks it
+before any work. Paths a guide's command produces on the way (runs/...) need not exist yet."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from typer.main import get_command
+
+from rlvr.cli import app
+from rlvr.config import DemoConfig, DPOConfig, EvalConfig, SFTConfig, TrainConfig, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+CONFIGS = {"eval": EvalConfig, "sft": SFTConfig, "train": TrainConfig, "dpo": DPOConfig, "demo": DemoConfig}
+
+
+def doc_commands(path: Path) -> list[tuple[int, str]]:
+    """(line, command) for every `rlvr ...` line inside the file's fenced code blocks (continuations joined,
+    comments dropped)."""
+    out, fenced, pending = [], False, None
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if not fenced:
+            continue
+        text = re.split(r"\s+#\s", line, maxsplit=1)[0].rstrip()
+        if pending is not None:
+            start, joined = pending
+            joined += " " + text.rstrip("\\").strip()
+            pending = (start, joined) if text.endswith("\\") else None
+            if pending is None:
+                out.append((start, joined))
+        elif text.startswith("rlvr "):
+            if text.endswith("\\"):
+                pending = (number, text.rstrip("\\").strip())
+            else:
+                out.append((number, text))
+    return out
+
+
+CASES = [pytest.param(path, number, command, id=f"{path.relative_to(ROOT)}:{number}")
+         for path in DOCS for number, command in doc_commands(path)]
+
+
+def test_the_docs_show_commands():
+    assert len(CASES) >= 25  # the README's and every guide's quick starts
+    assert {path.name for path, *_ in (c.values for c in CASES)} >= {"README.md", "usage.md", "code_rl.md",
+                                                                    "cluster.md", "gpu.md"}
+
+
+@pytest.mark.parametrize("path, number, command", CASES)
+def test_a_documented_command_parses(path, number, command, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the docs' paths are relative to a checkout
+    argv = shlex.split(command)[1:]
+    group = get_command(app)
+    name, args = argv[0], argv[1:]
+    with group.make_context("rlvr", [name, "--help"], resilient_parsing=True) as ctx:
+        cmd = group.get_command(ctx, name)
+    assert cmd is not None, f"{path.name}:{number}: no command {name!r}"
+    ctx = cmd.make_context(name, list(args))  # unknown options, missing values and bad types raise here
+    if name in CONFIGS:
+        load_config(CONFIGS[name], ctx.params.get("config"), ctx.args)  # unknown fields, bad values raise here
+    elif name == "sweep":  # the sweep file, and every run's config in its grid
+        from rlvr.experiments.sweep_plan import build_configs, load_sweep
+
+        assert build_configs(load_sweep(ctx.params["config"], ctx.args))
+
+
+def test_the_docs_links_point_at_files_that_exist():
+    broken = []
+    for path in DOCS:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            for target in re.findall(r"\]\(([^)\s]+)\)", line):
+                if "://" in target or target.startswith("#"):
+                    continue
+                if not (path.parent / target.split("#")[0]).exists():
+                    broken.append(f"{path.relative_to(ROOT)}:{number} {target}")
+    assert not broken, "\n".join(broken)
