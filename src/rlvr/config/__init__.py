@@ -39,4 +39,10 @@ from rlvr.config.sections import (
     choose_backend,
 )
 
-__all__ = ["AsyncConfig", "BaseConfig", "CODE_PROMPTS", "ConfigError", "DEVICE_HELP", "DPOConfig", "DataFields", "DemoConfig", "DistributedConfig", "Dtype", "EvalConfig", "NONE_IS_A_CHOICE", "PlacementConfig", "RESUME_FREE", "RolloutCorrectionConfig", "RolloutCorrectionMode", "SFTConfig", "SFT_PROMPTS", "SamplingMismatchWarning", "SandboxConfig", "TrainConfig", "TrainingFields", "choose_backend", "fields_help", "load_config", "parse_overrides", "sampling_params", "unknown_field"]
+__all__ = [
+    "AsyncConfig", "BaseConfig", "CODE_PROMPTS", "ConfigError", "DEVICE_HELP", "DPOConfig", "DataFields",
+    "DemoConfig", "DistributedConfig", "Dtype", "EvalConfig", "NONE_IS_A_CHOICE", "PlacementConfig", "RESUME_FREE",
+    "RolloutCorrectionConfig", "RolloutCorrectionMode", "SFTConfig", "SFT_PROMPTS", "SamplingMismatchWarning",
+    "SandboxConfig", "TrainConfig", "TrainingFields", "choose_backend", "fields_help", "load_config",
+    "parse_overrides", "sampling_params", "unknown_field",
+]

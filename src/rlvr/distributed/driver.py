@@ -1,11 +1,12 @@
 """`rlvr train distributed.*`: the RL loop with its roles as Ray actors (seed 000's role split; seed 003's
 synchronous vs asynchronous RL).
 
-    driver (this process)   the loop of rl.py: data order, prompts, rewards, advantages, metrics, the monitor
+    driver (this process)   the stages of the local loop (rlvr.stages): data order, prompts, rewards, metrics
     RolloutWorker x N       an HFEngine each; generates with the newest weights it was sent
     Learner x M             one torch.distributed group (its backend decided once for all ranks by
                             rlvr.config.choose_backend): policy, optimizer, reference;
-                            each trains its shard of the batch and the gradients are summed (rlvr.distributed.parallel), so
+                            each trains its shard of the batch and the gradients are summed
+                            (rlvr.distributed.parallel), so
                             M learners make the one-process update
     weights                 learner rank 0 -> one object in Ray's store -> every worker reads it (any node), or
                             one torch.distributed broadcast (weight_sync=broadcast: NCCL on GPUs); each rollout
@@ -111,7 +112,8 @@ def train_distributed(cfg: TrainConfig) -> dict:
             while step < cfg.steps:
                 rollouts, scored, result, times, extra = driver.step()
                 step = driver.step_count
-                metrics = {**stages.step_metrics(cfg, rollouts, scored, result["updates"], times, result["lr"]), **extra}
+                metrics = {**stages.step_metrics(cfg, rollouts, scored, result["updates"], times, result["lr"]),
+                           **extra}
                 if stages.validation_due(cfg, step):
                     with stages.timed(times, "validate"):
                         metrics.update(roles.validate(val, step))
@@ -119,7 +121,8 @@ def train_distributed(cfg: TrainConfig) -> dict:
                 stages.log_step(step, metrics, rollouts, scored, times, monitor, logger, bar, cfg)
                 stop.after_step(cfg, run_dir, step, "rlvr train", save, close=(bar.close, logger.close))
         bar.close()
-        summary = {"steps": step, "algorithm": cfg.algorithm, **{k: v for k, v in metrics.items() if k.startswith("val/")}}
+        summary = {"steps": step, "algorithm": cfg.algorithm,
+                   **{k: v for k, v in metrics.items() if k.startswith("val/")}}
         final = roles.wait([roles.learners[0].save_final.remote(summary)], roles.learners[:1], "saving the model")[0]
         logger.close()
         return {**summary, "final": final}
@@ -260,7 +263,8 @@ class _AsyncLoop(_SyncLoop):
             waited = time.perf_counter()
             with stages.timed(times, "generate"):
                 batch = self._next_ready()
-                completions, version = self.roles.wait([batch.ref], [batch.worker], f"generating batch {batch.index}")[0]
+                what = f"generating batch {batch.index}"
+                completions, version = self.roles.wait([batch.ref], [batch.worker], what)[0]
             self.idle += time.perf_counter() - waited
             staleness = self.step_count - version
             if staleness <= self.max_staleness:

@@ -44,7 +44,8 @@ class RolloutWorker:
         self.cfg = TrainConfig.model_validate(cfg)
         check_model_here(self.cfg, f"rollout worker {index}")
         _threads(self.cfg.distributed.rollout_num_cpus)
-        self.device = device = _actor_device(self.cfg, self.cfg.distributed.rollout_num_gpus, "distributed.rollout_num_gpus")
+        self.device = device = _actor_device(self.cfg, self.cfg.distributed.rollout_num_gpus,
+                                             "distributed.rollout_num_gpus")
         dtype = native_dtype(self.cfg.generation_dtype, device)  # loaded in it: no fp32 copy beside the engine's
         model, self.tokenizer = load_model(self.cfg.model, dtype=dtype, device=device)
         self.engine = HFEngine(model, self.tokenizer, batch_size=self.cfg.generation_batch_size, dtype=dtype)
@@ -76,8 +77,8 @@ class RolloutWorker:
         return self.engine.generate(prompts, sampling), self.version
 
     def validate(self, examples: list) -> dict:
-        metrics, _ = stages.validate(self.engine, self.engine.model, examples, get_prompt(self.cfg.prompt), self.tokenizer,
-                              self.cfg)
+        metrics, _ = stages.validate(self.engine, self.engine.model, examples, get_prompt(self.cfg.prompt),
+                                     self.tokenizer, self.cfg)
         return metrics
 
 
@@ -117,7 +118,8 @@ class Learner:
         if self.parallel is not None:  # identical replicas, whatever the loading did (LoRA's random init)
             self.parallel.broadcast_module_(self.model)
         self.spec = cfg.estimator
-        self.optimizer, self.scheduler = stages.build_optimizer(self.model, cfg, cfg.steps * self.spec.steps_per_rollout)
+        total = cfg.steps * self.spec.steps_per_rollout
+        self.optimizer, self.scheduler = stages.build_optimizer(self.model, cfg, total)
         self.reference = stages.reference_model(cfg, device)
         stages.restore(state, self.optimizer, self.scheduler, DataOrder(1, "learner"))
         if self.parallel is not None:  # a rank that found another (or no) checkpoint would drift with no error
@@ -254,7 +256,8 @@ class Roles:
         actor's calls in order). object_store: one put, one read per worker; broadcast: one collective.
         The push is not waited for here (async mode overlaps it with generation): `check_pushes` collects it."""
         if self.cfg.distributed.weight_sync == "broadcast":
-            refs = [self.learners[0].broadcast_weights.remote(), *[w.receive_weights.remote(version) for w in self.workers]]
+            refs = [self.learners[0].broadcast_weights.remote(),
+                    *[w.receive_weights.remote(version) for w in self.workers]]
             actors = self.learners[:1] + self.workers
         else:
             weights = self.learners[0].weights.remote()
@@ -272,7 +275,8 @@ class Roles:
                 self.wait([ref], [actor], f"sending the step-{version} weights")
             self.pushes.clear()
             return
-        done = set(ray.wait([p[0] for p in self.pushes], num_returns=len(self.pushes), timeout=0)[0]) if self.pushes else set()
+        refs = [p[0] for p in self.pushes]
+        done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) if refs else set()
         for ref, actor, version, sent in list(self.pushes):
             if ref in done:
                 self.wait([ref], [actor], f"sending the step-{version} weights")  # raises its error, if any

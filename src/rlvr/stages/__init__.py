@@ -59,9 +59,9 @@ from rlvr.stages.run import (
 )
 
 __all__ = [
-    "Rollouts", "RunInterrupted", "RunMonitor", "Scored", "StopRequests", "build_engines", "build_optimizer", "finish_run", "fmt_metrics",
-    "build_reward_fn", "collect_rollouts", "distill_from_teacher", "dynamic_rollouts", "evaluate",
-    "finished_validation", "frozen_dtype", "load_frozen", "load_policy", "log_step", "native_precision",
+    "Rollouts", "RunInterrupted", "RunMonitor", "Scored", "StopRequests", "build_engines", "build_optimizer",
+    "finish_run", "fmt_metrics", "build_reward_fn", "collect_rollouts", "distill_from_teacher", "dynamic_rollouts",
+    "evaluate", "finished_validation", "frozen_dtype", "load_frozen", "load_policy", "log_step", "native_precision",
     "next_questions", "open_logger", "placement", "reference_log_probs", "reference_model", "restore",
     "rollout_rows", "rollout_sampling", "run_eval", "sampled_log_probs", "score_rollouts", "start_run",
     "start_validation", "step_metrics", "teacher_model", "timed", "train_on_rollouts", "trainer_state", "validate",

@@ -91,7 +91,7 @@ def load_dataset(
 ) -> list[Example]:
     """Examples of a named dataset (see the module docstring), at most `limit` of them. For a JSONL file,
     "test" is the whole file and "validation" a fixed seeded tenth of it (at most 500 rows) that "train"
-    leaves out. The field names are those of `load_jsonl` (math) and `code_tasks.load_code_jsonl` (code;
+    leaves out. The field names are those of `load_jsonl` (math) and `code.load_code_jsonl` (code;
     `solution_field` None means "solution" there)."""
     if split not in SPLITS:
         raise DataError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")

@@ -117,8 +117,9 @@ def _reference_log_probs(reference, model, pairs: list[Pair], prompt, tokenizer,
     with torch.no_grad(), base:
         for m in range(0, len(pairs), cfg.microbatch_size):
             sl = slice(m, m + cfg.microbatch_size)
-            chosen.append(_sequence_log_probs(scorer, prompts[sl], [p.response("chosen") for p in pairs[sl]], tokenizer, cfg))
-            rejected.append(_sequence_log_probs(scorer, prompts[sl], [p.response("rejected") for p in pairs[sl]], tokenizer, cfg))
+            for side, out in (("chosen", chosen), ("rejected", rejected)):
+                responses = [p.response(side) for p in pairs[sl]]
+                out.append(_sequence_log_probs(scorer, prompts[sl], responses, tokenizer, cfg))
     return torch.cat(chosen), torch.cat(rejected)
 
 
@@ -150,7 +151,9 @@ def dpo_update(model, optimizer, reference, pairs: list[Pair], prompt, tokenizer
 
 
 def _frozen_reference(cfg: DPOConfig, device):
-    return None if cfg.lora_rank > 0 else stages.load_frozen(cfg.model, device, stages.frozen_dtype(cfg.precision, device))[0]  # LoRA: the adapter-free base
+    if cfg.lora_rank > 0:
+        return None  # the adapter-free base of the policy itself
+    return stages.load_frozen(cfg.model, device, stages.frozen_dtype(cfg.precision, device))[0]
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -83,10 +83,11 @@ def train_grpo(cfg: TrainConfig) -> dict:
                 # (distill_kl reverse / forward: the update scores the teacher itself, logs train/teacher_kl_exact)
                 distilled = stages.distill_from_teacher(scored.batch, model, teacher, spec, cfg) \
                     if teacher is not None and not spec.exact_distill else {}
-            updates = stages.train_on_rollouts(model, optimizer, scheduler, reference, scored.batch, spec, cfg, step, times,
-                                        teacher=teacher)
+            updates = stages.train_on_rollouts(model, optimizer, scheduler, reference, scored.batch, spec, cfg, step,
+                                               times, teacher=teacher)
 
-            metrics = {**stages.step_metrics(cfg, rollouts, scored, updates, times, scheduler.get_last_lr()[0], sampled),
+            lr = scheduler.get_last_lr()[0]
+            metrics = {**stages.step_metrics(cfg, rollouts, scored, updates, times, lr, sampled),
                        **distilled,
                        **dynamic}
             if stages.validation_due(cfg, step):
