@@ -123,6 +123,30 @@ def test_fully_pruned_batch_gives_the_unpruned_adamw_update(tiny_model, tokenize
     assert steps[0] == steps[1] and set(steps[0]) == {3.0}
 
 
+@pytest.mark.parametrize("normalization", ["sequence", "token"])
+def test_the_entropy_bonus_is_the_whole_batch_loss_minus_coef_times_its_aggregated_entropy(tiny_model, tokenizer,
+                                                                                          normalization):
+    # issue 39.3: microbatched, with zero-advantage rows (pruned without a bonus: here every row has a loss), the
+    # step equals seed 004's whole-batch loss plus -coef x the entropy aggregated the same way, to SGD precision
+    responses = [" 4 </think> <answer> 4 </answer>", " five", " 7 </think>", " seven </think> <answer> 7 </answer>"]
+    batch, coef = _batch(tokenizer, responses), 0.3
+    advantages = torch.tensor([1.0, 0.0, 0.0, -1.0])
+    models = [copy.deepcopy(tiny_model), copy.deepcopy(tiny_model)]
+    optimizers = [torch.optim.SGD(m.parameters(), lr=1.0) for m in models]
+    _, meta = run_update(models[0], optimizers[0], batch, advantages, 2, None, loss_normalization=normalization,
+                         entropy_coef=coef)
+    assert meta["trained_rollouts"] == 4 and meta["pruned_fraction"] == 0  # the bonus reaches every row
+    logits = models[1](input_ids=batch["input_ids"]).logits.float()
+    entropy = torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
+    constant = float(batch["response_mask"].sum()) if normalization == "token" else None
+    bonus = aggregate_loss_across_microbatch(-coef * entropy, batch["response_mask"], normalization, constant)
+    (_whole_batch_loss(models[1], batch, advantages, normalization) + bonus).backward()
+    optimizers[1].step()
+    assert meta["entropy_loss"] == pytest.approx(float(bonus), rel=1e-5)  # its share of the loss, logged
+    for (name, p), q in zip(models[0].named_parameters(), models[1].parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=0, atol=1e-5, msg=name)
+
+
 # ---------------------------------------------------------------------------------------------------
 # 4. Unbiased metrics, no false alarms.
 

@@ -181,3 +181,37 @@ def test_every_step_measures_the_rollout_trainer_mismatch_and_corrects_it(tmp_pa
     assert 0.9 < tis["train/is_weight_mean"] < 1.1 and tis["train/is_weight_max"] <= 2.0
     assert "train/is_weight_mean" not in none
     assert tis["train/loss"] != none["train/loss"]
+
+
+def test_an_entropy_bonus_is_logged_as_its_share_of_the_loss(tmp_path, model_dir):
+    from rlvr.core.tracking import read_jsonl
+
+    out = tmp_path / "run"
+    train_module.train_grpo(_cfg(model_dir, out, steps=2, eval_every=0, entropy_coef=0.01))
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "train/loss" in r]
+    assert rows and all(r["train/entropy_loss"] < 0 for r in rows)  # -coef x a positive entropy
+    assert all(abs(r["train/entropy_loss"]) <= 0.01 * 12 for r in rows)  # entropy <= log(vocab) ~ 5.6 nats
+    assert all(r["train/pruned_fraction"] == 0 for r in rows)  # a loss on every token: nothing is pruned
+
+
+def test_the_overlong_term_adds_dapos_penalty_on_the_sampled_token_counts(tmp_path, model_dir):
+    from rlvr.config import ConfigError
+    from rlvr.core.tracking import read_jsonl
+    from rlvr.tasks.scoring import soft_overlong_penalty
+
+    out = tmp_path / "run"
+    cfg = _cfg(model_dir, out, steps=2, eval_every=0, log_rollouts_every=1, max_new_tokens=12,
+               rewards={"r1_zero": 1.0, "overlong": 0.5}, overlong_buffer=4)
+    train_module.train_grpo(cfg)
+    rows = list(read_jsonl(out / "rollouts.jsonl"))
+    assert rows and {r["tokens"] for r in rows} & set(range(9, 13))  # some rollouts reach the buffer
+    for r in rows:  # this module's parity reward (its answer_reward), plus the length term
+        assert r["reward"] == pytest.approx(r["answer_reward"] + 0.5 * soft_overlong_penalty(r["tokens"], 12, 4))
+    logged = [m for m in read_jsonl(out / "metrics.jsonl") if "train/reward" in m]
+    assert all("train/reward/overlong" in m and m["train/reward/overlong"] <= 0 for m in logged)
+    for bad, message in (({"rewards": {"r1_zero": 1.0, "overlong": 1.0}}, "set overlong_buffer"),
+                         ({"overlong_buffer": 4}, "add `overlong: 1.0` to rewards"),
+                         ({"rewards": {"overlong": 1.0}, "overlong_buffer": 4}, "no reward to shape"),
+                         ({"rewards": {"r1_zero": 1.0, "overlong": 1.0}, "overlong_buffer": 40}, "longer than")):
+        with pytest.raises((ConfigError, ValueError), match=message):
+            _cfg(model_dir, out, max_new_tokens=12, **bad)

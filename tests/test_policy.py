@@ -1,5 +1,7 @@
 """tokenize_prompt_and_output, get_response_log_probs (chunked == naive), sft_microbatch_train_step."""
 
+import types
+
 import pytest
 import torch
 
@@ -185,3 +187,38 @@ def test_a_softcapped_head_is_scored_through_the_models_own_logits(tokenizer, sh
     (naive * mask).sum().backward()
     for g, q in zip(grads, model.parameters()):
         torch.testing.assert_close(g, q.grad, atol=1e-4, rtol=1e-4)
+
+
+class _Logits(torch.nn.Module):
+    """A "model" whose logits at every position are a free parameter: its gradient is the loss's gradient on the
+    logits, to compare with a closed form."""
+
+    def __init__(self, logits: torch.Tensor):
+        super().__init__()
+        self.z = torch.nn.Parameter(logits.clone())
+
+    def forward(self, input_ids, **_):
+        return types.SimpleNamespace(logits=self.z.expand(input_ids.shape[0], -1, -1))
+
+
+def test_the_entropy_bonus_gradient_is_the_closed_form_on_a_small_categorical():
+    # issue 39.3: -coef x H(softmax(z / T)) at every scored position; dH/dz_v = -p_v (log p_v + H) / T
+    torch.manual_seed(0)
+    z = torch.randn(5, 7)  # 5 positions, 7 tokens
+    model, temperature, coef = _Logits(z), 0.7, 0.05
+    ids = torch.zeros(1, 5, dtype=torch.long)
+    mask = torch.tensor([[False, True, True, True, True]])
+    out = get_response_log_probs(model, ids, ids, return_token_entropy=True, positions=mask,
+                                 temperature=temperature, entropy_grad=True)
+    assert out["token_entropy"].requires_grad
+    (-coef * out["token_entropy"][mask].sum()).backward()
+    p = torch.softmax(z / temperature, dim=-1)
+    h = -(p * p.log()).sum(-1, keepdim=True)
+    expected = coef * p * (p.log() + h) / temperature
+    expected[0] = 0  # an unscored position gets no gradient
+    torch.testing.assert_close(model.z.grad, expected, atol=1e-6, rtol=1e-5)
+    # without entropy_grad the entropy is for logging only: detached, the same values
+    plain = get_response_log_probs(model, ids, ids, return_token_entropy=True, positions=mask,
+                                   temperature=temperature)
+    assert not plain["token_entropy"].requires_grad
+    torch.testing.assert_close(plain["token_entropy"], out["token_entropy"].detach())

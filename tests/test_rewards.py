@@ -765,3 +765,14 @@ def test_registry():
         get_reward_fn("r1-zero")
     with pytest.raises(ValueError, match="valid"):
         format_reward_fn("nope")
+
+
+def test_soft_overlong_punishment_is_dapos_formula():
+    # DAPO eq. 13 with L_max = 100, L_cache = 20: 0 up to 80 tokens, (80 - |y|) / 20 after, -1 past L_max
+    from rlvr.tasks.scoring import soft_overlong_penalty
+
+    assert [soft_overlong_penalty(n, 100, 20) for n in (0, 80, 81, 90, 99, 100, 101)] == [
+        0.0, 0.0, -0.05, -0.5, -0.95, -1.0, -1.0]
+    assert soft_overlong_penalty(100, 100, 100) == -1.0 and soft_overlong_penalty(1, 100, 100) == -0.01
+    with pytest.raises(ValueError, match="overlong buffer"):
+        soft_overlong_penalty(10, 100, 0)

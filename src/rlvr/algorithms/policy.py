@@ -97,7 +97,8 @@ def _head_parts(model):
 
 
 def _scores(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool, temperature: float = 1.0,
-            teacher_log_probs: torch.Tensor | None = None, kl_direction: str = "reverse", vocab: int | None = None):
+            teacher_log_probs: torch.Tensor | None = None, kl_direction: str = "reverse", vocab: int | None = None,
+            entropy_grad: bool = False):
     """From a chunk of logits / temperature, in float32: the gathered log-prob of each label, the (detached)
     entropy when asked, and with `teacher_log_probs` (the teacher's log-softmax at these positions) the exact
     KL over the vocabulary, differentiable: reverse KL(p || teacher) or forward KL(teacher || p).
@@ -121,15 +122,16 @@ def _scores(logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool, temp
         kl = ((log_p.exp() * (log_p - log_q)) if kl_direction == "reverse" else (log_q.exp() * (log_q - log_p))).sum(-1)
     if not with_entropy:
         return log_probs, None, kl
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):  # an entropy bonus differentiates it
         p = torch.softmax(logits, dim=-1)
         entropy = lse - (p * logits.masked_fill(p == 0, 0.0)).sum(-1)
     return log_probs, entropy, kl
 
 
 def _head_scores(head, hidden, labels, with_entropy, temperature=1.0, teacher_log_probs=None, kl_direction="reverse",
-                 vocab=None):
-    return _scores(head(hidden), labels, with_entropy, temperature, teacher_log_probs, kl_direction, vocab)
+                 vocab=None, entropy_grad=False):
+    return _scores(head(hidden), labels, with_entropy, temperature, teacher_log_probs, kl_direction, vocab,
+                   entropy_grad)
 
 
 def _scored_states(model, parts, input_ids: torch.Tensor, offset: int, select: torch.Tensor | None) -> torch.Tensor:
@@ -203,6 +205,7 @@ def get_response_log_probs(
     teacher=None,
     kl_direction: str = "reverse",
     vocab: int | None = None,
+    entropy_grad: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Per-token log p(label | prefix), (batch, length), and optionally the per-token entropy.
 
@@ -212,7 +215,7 @@ def get_response_log_probs(
     `positions` (batch, length) bool, optional: only these positions are scored (the rest are 0), which
     skips the vocabulary projection of prompt tokens. `share_prefix`: run the rows' common prefix once
     (needs `positions`; not with gradient checkpointing, which disables the KV cache). The entropy is for
-    logging and carries no gradient.
+    logging and carries no gradient, unless `entropy_grad` (an entropy bonus in the loss).
 
     `teacher` (a frozen model with the same vocabulary): also "teacher_kl", the exact KL between the model's
     p(. | prefix) at temperature T and the teacher's at 1, over the whole vocabulary at every scored position,
@@ -255,11 +258,12 @@ def get_response_log_probs(
         if parts is not None and torch.is_grad_enabled() and h.requires_grad:
             # recompute this chunk's logits in backward instead of keeping them alive
             lp, ent, kl = checkpoint(_head_scores, head, h, y, return_token_entropy, temperature, t_lp,
-                                     kl_direction, vocab, use_reentrant=False)
+                                     kl_direction, vocab, entropy_grad, use_reentrant=False)
         elif parts is not None:
-            lp, ent, kl = _head_scores(head, h, y, return_token_entropy, temperature, t_lp, kl_direction, vocab)
+            lp, ent, kl = _head_scores(head, h, y, return_token_entropy, temperature, t_lp, kl_direction, vocab,
+                                       entropy_grad)
         else:
-            lp, ent, kl = _scores(h, y, return_token_entropy, temperature, t_lp, kl_direction, vocab)
+            lp, ent, kl = _scores(h, y, return_token_entropy, temperature, t_lp, kl_direction, vocab, entropy_grad)
         lp_chunks.append(lp)
         if ent is not None:
             ent_chunks.append(ent)
@@ -277,7 +281,8 @@ def get_response_log_probs(
 
     out = {"log_probs": unflatten(lp_chunks)}
     if return_token_entropy:
-        out["token_entropy"] = unflatten(ent_chunks).detach()
+        entropy = unflatten(ent_chunks)
+        out["token_entropy"] = entropy if entropy_grad else entropy.detach()
     if teacher is not None:
         out["teacher_kl"] = unflatten(kl_chunks)
     return out

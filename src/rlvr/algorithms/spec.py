@@ -90,6 +90,9 @@ class EstimatorSpec:
     cliprange: float | None = None
     cliprange_high: float | None = None
     beta: float = 0.0  # weight of the KL penalty to the reference model
+    # weight of the entropy bonus (verl's entropy_coeff): the loss loses entropy_coef x the token entropy,
+    # aggregated as the policy-gradient loss is, so a collapsing policy is pushed back toward spread
+    entropy_coef: float = 0.0
     kl_estimator: KLEstimator = "k2"  # the one whose gradient is the reverse KL's (see kl_penalty)
     steps_per_rollout: int = 1  # optimizer steps per rollout batch; > 1 is off-policy
     mask_truncated_completions: bool = False
@@ -136,6 +139,8 @@ class EstimatorSpec:
             raise ValueError(f"steps_per_rollout must be >= 1; got {spec.steps_per_rollout}")
         if spec.beta < 0:
             raise ValueError(f"beta must be >= 0; got {spec.beta}")
+        if spec.entropy_coef < 0:
+            raise ValueError(f"entropy_coef must be >= 0 (a bonus); got {spec.entropy_coef}")
         if spec.advantage_eps < 0:
             raise ValueError(f"advantage_eps must be >= 0; got {spec.advantage_eps}")
         if spec.normalization_constant is not None and spec.normalization_constant <= 0:

@@ -224,7 +224,7 @@ def trained_rows(batch: TrainBatch, spec: EstimatorSpec) -> list[int]:
     advantage (and no KL term) has exactly zero gradient; skipping it keeps the step the same and cannot leave
     a microbatch with nothing to differentiate."""
     has_tokens = batch.response_mask.any(dim=1)
-    dense = spec.beta > 0 or spec.exact_distill  # a loss on every token
+    dense = spec.beta > 0 or spec.exact_distill or spec.entropy_coef > 0  # a loss on every token
     return [i for i in range(len(batch)) if has_tokens[i] and (dense or batch.has_signal(i))]
 
 
@@ -285,6 +285,7 @@ def policy_gradient_update(
     model.train()
     device = input_device(model)  # the batch lives on the CPU; each microbatch's part goes to the model
     total_loss, stats, diverged = torch.zeros((), device=device), _UpdateStats(), False
+    total_entropy_loss = torch.zeros((), device=device)
     # decided for the whole batch, not per microbatch: every data-parallel rank reports the same metrics
     stats.corrected = correction.mode != "none" and batch.rollout_log_probs is not None
     for mb in _microbatches(kept, batch.input_ids, mask_all, microbatch_size):
@@ -295,7 +296,7 @@ def policy_gradient_update(
             scored = get_response_log_probs(model, batch.input_ids[idx, :w], batch.labels[idx, :w],
                                             return_token_entropy=True, positions=mask, share_prefix=share_prefix,
                                             temperature=temperature, teacher=teacher if spec.exact_distill else None,
-                                            kl_direction=spec.distill_kl)
+                                            kl_direction=spec.distill_kl, entropy_grad=spec.entropy_coef > 0)
         log_probs = scored["log_probs"]
         if not bool(torch.isfinite(log_probs[mask]).all()):
             diverged = True  # raised below, after the collective every learner must reach
@@ -319,17 +320,25 @@ def policy_gradient_update(
         if spec.beta > 0:
             kl = kl_penalty(log_probs, on_device(batch.reference_log_probs).to(log_probs.dtype), spec.kl_estimator)
             per_token = per_token + spec.beta * kl
+        scale = microbatch_loss_scale(spec.loss_normalization, len(mb), n)
+        if spec.entropy_coef > 0:
+            bonus = -spec.entropy_coef * scored["token_entropy"]  # aggregated as the loss is: its exact share
+            per_token = per_token + bonus
+            total_entropy_loss += aggregate_loss_across_microbatch(bonus.detach(), mask, spec.loss_normalization,
+                                                                   normalizer) * scale
         loss = aggregate_loss_across_microbatch(per_token, mask, spec.loss_normalization, normalizer)
-        loss = loss * microbatch_loss_scale(spec.loss_normalization, len(mb), n)
+        loss = loss * scale
         loss.backward()
         total_loss += loss.detach()
-        stats.add(mask, scored["token_entropy"], meta, kl, corr if weights is not None else None,
+        stats.add(mask, scored["token_entropy"].detach(), meta, kl, corr if weights is not None else None,
                   scored.get("teacher_kl"))
 
     microbatches = math.ceil(len(kept) / microbatch_size) if kept else 0
     if parallel is not None:  # every learner reaches this, diverged or not, before any of them gives up
-        summed = stats.reduce(parallel, [float(diverged), float(microbatches), float(total_loss)])
+        summed = stats.reduce(parallel, [float(diverged), float(microbatches), float(total_loss),
+                                         float(total_entropy_loss)])
         diverged, microbatches, total_loss = summed[0] > 0, int(summed[1]), torch.tensor(summed[2], device=device)
+        total_entropy_loss = torch.tensor(summed[3], device=device)
     if diverged:
         optimizer.zero_grad(set_to_none=True)
         raise NonFiniteLoss("the policy's log-probs are NaN/inf (diverged weights?); step skipped, gradients cleared")
@@ -348,6 +357,9 @@ def policy_gradient_update(
                             "step skipped, gradients cleared")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return total_loss, stats.metadata(float(grad_norm), len(kept_all), n, microbatches, spec)
+    meta = stats.metadata(float(grad_norm), len(kept_all), n, microbatches, spec)
+    if spec.entropy_coef > 0:  # the bonus's part of `loss` (negative): the share of the loss it is
+        meta["entropy_loss"] = float(total_entropy_loss)
+    return total_loss, meta
 
 

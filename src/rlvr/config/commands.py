@@ -100,6 +100,8 @@ class TrainConfig(TrainingFields):
     normalization_constant: float | None = Field(None, gt=0, description="constant aggregation's Z (default train batch x max_new_tokens)")
     beta: float | None = Field(None, ge=0, description="KL penalty weight (needs a reference model)")
     kl_estimator: str | None = Field(None, description="k1 | k2 | k3 (k2: the only one whose gradient is the KL's)")
+    entropy_coef: float | None = Field(None, ge=0, description="entropy bonus: the loss subtracts entropy_coef x the "
+                                       "token entropy, aggregated as the policy-gradient loss (0: off)")
     steps_per_rollout: int | None = Field(None, ge=1, description="optimizer steps per rollout batch (> 1: off-policy)")
     mask_truncated_completions: bool | None = None
     reward_signal: str | None = Field(
@@ -114,7 +116,10 @@ class TrainConfig(TrainingFields):
     # rewards: {name: weight}; names are reward functions (r1_zero, question_only, answer_tag, code_tests) or
     # "format" (the prompt's reward function's format reward)
     rewards: dict[str, float] | None = Field(None, description="weighted rewards, e.g. {r1_zero: 1.0, format: 0.2} "
-                                             "or {code_tests: 1.0, format: 0.05}")
+                                             "or {code_tests: 1.0, format: 0.05}; `overlong: w` adds DAPO's soft "
+                                             "overlong punishment (with overlong_buffer)")
+    overlong_buffer: int | None = Field(None, ge=1, description="rewards' overlong term: the last N tokens before "
+                                        "max_new_tokens, over which the penalty falls from 0 to -1")
     # logging
     log_rollouts_every: int = Field(5, ge=0, description="append the batch's rollouts to rollouts.jsonl every N steps")
     learning_rate: float = Field(1e-5, gt=0)
@@ -155,6 +160,18 @@ class TrainConfig(TrainingFields):
             object.__setattr__(self, "normalization_constant", float(self.train_batch_size * self.max_new_tokens))
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError("min_new_tokens must not exceed max_new_tokens")
+        overlong = "overlong" in (self.rewards or {})
+        if overlong and self.overlong_buffer is None:
+            raise ValueError("rewards has an overlong term: set overlong_buffer (tokens before max_new_tokens over "
+                             "which the penalty falls to -1)")
+        if self.overlong_buffer is not None and not overlong:
+            raise ValueError("overlong_buffer shapes the rewards' overlong term: add `overlong: 1.0` to rewards "
+                             "(with the reward it shapes, e.g. rewards={r1_zero: 1.0, overlong: 1.0}), or remove it")
+        if overlong and self.overlong_buffer > self.max_new_tokens:
+            raise ValueError(f"overlong_buffer={self.overlong_buffer} is longer than max_new_tokens="
+                             f"{self.max_new_tokens}")
+        if overlong and set(self.rewards) == {"overlong"}:
+            raise ValueError("rewards={overlong: ...} alone has no reward to shape: add one, e.g. r1_zero: 1.0")
         if self.distill and not self.teacher:
             raise ValueError(f"algorithm={self.algorithm} distills from a teacher (distill={self.distill}): set "
                              "teacher=<model path or name>")

@@ -12,58 +12,22 @@ loops call them as `stages.<name>` from this one module.
 May import: rlvr.core, rlvr.sandbox, rlvr.grading, rlvr.tasks, rlvr.engines, rlvr.algorithms, rlvr.config.
 """
 
-from rlvr.stages.evaluation import evaluate, run_eval, start_validation, validate
-from rlvr.stages.learn import (
-                                  distill_from_teacher,
-                                  reference_log_probs,
-                                  reference_model,
-                                  teacher_model,
-                                  train_on_rollouts,
-)
-from rlvr.stages.metrics import (
-                                  RunMonitor,
-                                  finished_validation,
-                                  log_step,
-                                  rollout_rows,
-                                  step_metrics,
-                                  timed,
-                                  validation_due,
-)
-from rlvr.stages.rollouts import (
-                                  Rollouts,
-                                  Scored,
-                                  build_reward_fn,
-                                  collect_rollouts,
-                                  dynamic_rollouts,
-                                  next_questions,
-                                  rollout_sampling,
-                                  sampled_log_probs,
-                                  score_rollouts,
-)
-from rlvr.stages.run import (
-                                  RunInterrupted,
-                                  StopRequests,
-                                  build_engines,
-                                  build_optimizer,
-    finish_run,
-    fmt_metrics,
-                                  frozen_dtype,
-                                  load_frozen,
-                                  load_policy,
-                                  native_precision,
-                                  open_logger,
-                                  placement,
-                                  restore,
-                                  start_run,
-                                  trainer_state,
-)
+from rlvr.stages.evaluation import (evaluate, run_eval, start_validation, validate)
+from rlvr.stages.learn import (distill_from_teacher, reference_log_probs, reference_model, teacher_model,
+                               train_on_rollouts)
+from rlvr.stages.metrics import (RunMonitor, finished_validation, log_step, rollout_rows, step_metrics, timed,
+                                 validation_due)
+from rlvr.stages.rollouts import (Rollouts, Scored, build_reward_fn, collect_rollouts, dynamic_rollouts,
+                                  next_questions, rollout_sampling, sampled_log_probs, score_completions,
+                                  score_rollouts)
+from rlvr.stages.run import (RunInterrupted, StopRequests, build_engines, build_optimizer, finish_run, fmt_metrics,
+                             frozen_dtype, load_frozen, load_policy, native_precision, open_logger, placement,
+                             restore, start_run, trainer_state)
 
-__all__ = [
-    "Rollouts", "RunInterrupted", "RunMonitor", "Scored", "StopRequests", "build_engines", "build_optimizer",
-    "finish_run", "fmt_metrics", "build_reward_fn", "collect_rollouts", "distill_from_teacher", "dynamic_rollouts",
-    "evaluate", "finished_validation", "frozen_dtype", "load_frozen", "load_policy", "log_step", "native_precision",
-    "next_questions", "open_logger", "placement", "reference_log_probs", "reference_model", "restore",
-    "rollout_rows", "rollout_sampling", "run_eval", "sampled_log_probs", "score_rollouts", "start_run",
-    "start_validation", "step_metrics", "teacher_model", "timed", "train_on_rollouts", "trainer_state", "validate",
-    "validation_due",
-]
+__all__ = ["Rollouts", "RunInterrupted", "RunMonitor", "Scored", "StopRequests", "build_engines", "build_optimizer",
+    "build_reward_fn", "collect_rollouts", "distill_from_teacher", "dynamic_rollouts", "evaluate", "finish_run",
+    "finished_validation", "fmt_metrics", "frozen_dtype", "load_frozen", "load_policy", "log_step",
+    "native_precision", "next_questions", "open_logger", "placement", "reference_log_probs", "reference_model",
+    "restore", "rollout_rows", "rollout_sampling", "run_eval", "sampled_log_probs", "score_completions",
+    "score_rollouts", "start_run", "start_validation", "step_metrics", "teacher_model", "timed", "train_on_rollouts",
+    "trainer_state", "validate", "validation_due"]

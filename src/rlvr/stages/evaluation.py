@@ -229,7 +229,7 @@ NOT_IN_START_VALIDATION = frozenset((
     "save_every", "keep_checkpoints", "tensorboard", "wandb_project", "eval_every", "eval_at_end",
     "eval_start_cache", "log_rollouts_every", "algorithm", "baseline", "advantage_normalizer", "advantage",
     "advantage_eps", "importance_reweighting_method", "cliprange", "cliprange_high", "loss_normalization",
-    "normalization_constant", "beta", "kl_estimator", "steps_per_rollout", "mask_truncated_completions",
+    "normalization_constant", "beta", "entropy_coef", "overlong_buffer", "kl_estimator", "steps_per_rollout", "mask_truncated_completions",
     "reward_signal", "distill", "distill_discount", "distill_kl", "rollout_batch_size", "group_size", "temperature",
     "top_p", "max_new_tokens", "min_new_tokens", "repetition_penalty", "dynamic_sampling", "dynamic_sampling_rounds",
     "dynamic_sampling_questions",

@@ -110,7 +110,7 @@ def step_metrics(cfg, rollouts: Rollouts, scored: Scored, updates, times, lr: fl
     if ok:
         m["train/pruned_fraction"] = sum(u["pruned_fraction"] for u in ok) / len(ok)
     if trained:
-        for key in ("loss", "grad_norm", "clip_fraction", "kl", "ratio_mean", "teacher_kl_exact"):
+        for key in ("loss", "grad_norm", "clip_fraction", "kl", "ratio_mean", "teacher_kl_exact", "entropy_loss"):
             values = [u[key] for u in trained if key in u]
             if values:
                 m[f"train/{key}"] = sum(values) / len(values)

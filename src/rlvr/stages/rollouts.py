@@ -21,15 +21,18 @@ from rlvr.engines.base import Completion, RolloutEngine
 from rlvr.tasks.prompts import PromptTemplate
 from rlvr.tasks.records import DataOrder, Example
 from rlvr.tasks.rewards import combine_rewards, format_reward_fn, get_reward_fn, score_batch
-from rlvr.tasks.scoring import rewards_and_metadata
+from rlvr.tasks.scoring import rewards_and_metadata, soft_overlong_penalty
 
 
 def build_reward_fn(cfg: TrainConfig, prompt_reward: str):
-    """The prompt's reward, or a weighted combination such as {r1_zero: 1.0, format: 0.2} (seed 002)."""
+    """The prompt's reward, or a weighted combination such as {r1_zero: 1.0, format: 0.2} (seed 002). The
+    length term `overlong` is not a function of the text: `score_completions` adds it."""
     if not cfg.rewards:
         return get_reward_fn(prompt_reward)
     parts = []
     for name, weight in cfg.rewards.items():
+        if name == "overlong":
+            continue
         fn = format_reward_fn(prompt_reward) if name == "format" else get_reward_fn(name)
         parts.append((name, fn, weight))
     return combine_rewards(parts)
@@ -139,7 +142,7 @@ def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
         sampling = dataclasses.replace(sampling, seed=sampling.seed + 1_000_000_007 * rounds)
         batch = Rollouts(new_q, new_p, engine.generate(new_p, sampling))
         rounds += 1
-        scores, counts = score_batch(reward_fn, batch.responses, batch.truths)
+        scores, counts = score_completions(reward_fn, batch, cfg)
         for name, value in counts.items():
             grading[name] = grading.get(name, 0) + value
         sampled += len(scores)
@@ -170,11 +173,25 @@ def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
     return Rollouts(questions, prompts, completions), meta, (kept_scores, grading), (everything, every_score)
 
 
+def score_completions(reward_fn, rollouts: Rollouts, cfg: TrainConfig) -> tuple[list[dict], dict]:
+    """(scores, grading counts) of a rollout batch: its reward function on the texts, plus the length term of
+    `rewards={..., overlong: w}` (DAPO's soft overlong punishment, `overlong_buffer` tokens before
+    max_new_tokens) on the sampled token counts, logged as `reward/overlong`."""
+    scores, grading = score_batch(reward_fn, rollouts.responses, rollouts.truths)
+    weight = (cfg.rewards or {}).get("overlong")
+    if weight:
+        for score, c in zip(scores, rollouts.completions):
+            penalty = soft_overlong_penalty(len(c.token_ids), cfg.max_new_tokens, cfg.overlong_buffer)
+            score["reward"] = float(score["reward"]) + weight * penalty
+            score["reward/overlong"] = penalty
+    return scores, grading
+
+
 def score_rollouts(rollouts: Rollouts, reward_fn, spec: EstimatorSpec, cfg: TrainConfig, tokenizer,
                    graded: tuple[list[dict], dict] | None = None) -> Scored:
     """Rewards and advantages over the whole rollout batch, then the tokens the update trains on. `graded`:
     the batch's (scores, grading counts) when they are known already (dynamic sampling graded them)."""
-    scores, grading = graded if graded is not None else score_batch(reward_fn, rollouts.responses, rollouts.truths)
+    scores, grading = graded if graded is not None else score_completions(reward_fn, rollouts, cfg)
     raw_rewards, reward_meta = rewards_and_metadata(scores, grading)
     if spec.reward_signal == "correctness":  # RFT's indicator, MaxRL's success: shaping does not enter
         raw_rewards = torch.tensor([float(s["answer_reward"]) for s in scores])

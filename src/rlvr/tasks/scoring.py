@@ -45,3 +45,20 @@ def rewards_and_metadata(scores: list[Scores], grading: dict) -> tuple:
         metadata[f"{key}_mean"] = sum(values) / len(values) if values else 0.0
     metadata.update({key: float(value) for key, value in grading.items()})
     return raw_rewards, metadata
+
+
+def soft_overlong_penalty(length: int, max_new_tokens: int, buffer: int) -> float:
+    """DAPO's soft overlong punishment of a response of `length` tokens (DAPO, eq. 13; TRL's
+    get_soft_overlong_punishment, verl's overlong_buffer): 0 up to max_new_tokens - buffer tokens, then falling
+    linearly to -1 at max_new_tokens, -1 beyond it. The reward term `overlong` adds weight x this.
+
+    >>> [soft_overlong_penalty(n, 100, 20) for n in (80, 90, 100)]
+    [0.0, -0.5, -1.0]
+    """
+    if not 0 < buffer <= max_new_tokens:
+        raise ValueError(f"overlong buffer must be in [1, max_new_tokens={max_new_tokens}]; got {buffer}")
+    expected = max_new_tokens - buffer
+    if length <= expected:
+        return 0.0
+    return (expected - length) / buffer if length <= max_new_tokens else -1.0
+
