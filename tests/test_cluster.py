@@ -356,3 +356,16 @@ def test_a_lora_policy_reaches_the_workers_merged(tmp_path, model_dir):
                 assert g.pop(key) == pytest.approx(w.pop(key), abs=1e-6)
     assert got == want  # step 2's rollouts came from the merged step-1 adapter on both sides
     assert want[-1]["train/trained_tokens"] > 0
+
+
+def test_the_curriculum_runs_in_distributed_mode_as_in_the_local_loop(tmp_path, model_dir):
+    # issue 39.1: the driver draws through the same sampler and keeps its statistics in its checkpoint state
+    kw = {"curriculum.enabled": True, "curriculum.min_samples": 4, "train_limit": 6, "steps": 4,
+          "rollout_correction.mode": "none"}
+    local, dist = tmp_path / "local", tmp_path / "dist"
+    train_module.train_grpo(_cfg(model_dir, local, **kw))
+    train_module.train_grpo(_cfg(model_dir, dist, **{"distributed.rollout_workers": 1, "save_every": 2, **kw}))
+    assert _metrics(dist) == _metrics(local)
+    assert any("curriculum/seen" in r for r in _metrics(dist))
+    state = torch.load(dist / "checkpoints" / "step_000002" / "trainer_state.pt", weights_only=False)
+    assert state["driver"]["curriculum"]["draws"] == 2 and state["driver"]["curriculum"]["stats"]

@@ -54,14 +54,20 @@ def tokenize_prompt_and_output(prompt_strs: list[str], output_strs: list[str], t
     return tokenize_prompt_and_ids(prompt_strs, outputs, tokenizer)
 
 
-def tokenize_prompt_and_ids(prompt_strs: list[str], response_ids: list[list[int]], tokenizer) -> dict[str, torch.Tensor]:
+def tokenize_prompt_and_ids(prompt_strs: list[str], response_ids: list[list[int]], tokenizer,
+                            response_masks: list[list[bool] | None] | None = None) -> dict[str, torch.Tensor]:
     """`tokenize_prompt_and_output` for responses given as token ids: the ids a rollout engine sampled, trained
     as they were sampled (a final end-of-sequence token included). Decoding sampled ids and encoding the text
     again need not give the same ids (a merge the sampler did not make, bytes that are not UTF-8, a dropped
     EOS), and the policy would then be trained on tokens nobody sampled. The prompt is encoded as the engines
-    encode it: `tokenizer(prompt, add_special_tokens=False)`."""
+    encode it: `tokenizer(prompt, add_special_tokens=False)`. `response_masks`: per response, which ids are
+    trained (a multi-turn episode's observation ids are in the sequence, and out of the response mask); None:
+    all of them."""
     if len(prompt_strs) != len(response_ids):
         raise ValueError(f"prompt_strs has {len(prompt_strs)} items but response_ids has {len(response_ids)}")
+    masks = list(response_masks) if response_masks is not None else [None] * len(response_ids)
+    if len(masks) != len(response_ids) or any(m is not None and len(m) != len(o) for m, o in zip(masks, response_ids)):
+        raise ValueError("response_masks must give one flag per response id")
     if not prompt_strs:
         raise ValueError("prompt_strs is empty")
     prompts = tokenizer(list(prompt_strs), add_special_tokens=False)["input_ids"]
@@ -74,7 +80,7 @@ def tokenize_prompt_and_ids(prompt_strs: list[str], response_ids: list[list[int]
     mask = torch.zeros((len(prompts), width), dtype=torch.bool)
     for i, (p, o) in enumerate(zip(prompts, outputs)):
         ids[i, : len(p) + len(o)] = torch.tensor(p + o, dtype=torch.long)
-        mask[i, len(p) : len(p) + len(o)] = True
+        mask[i, len(p) : len(p) + len(o)] = True if masks[i] is None else torch.tensor(masks[i], dtype=torch.bool)
     return {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "response_mask": mask[:, 1:]}
 
 

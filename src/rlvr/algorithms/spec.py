@@ -19,10 +19,6 @@ It gets the same pruning, microbatching, metrics, checkpoints and resume as a bu
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -45,6 +41,7 @@ from rlvr.algorithms.estimators import (
     groups_without_spread,
 )
 from rlvr.algorithms.losses import compute_policy_gradient_loss
+from rlvr.core.imports import import_target
 
 # advantage(raw_rewards (N,), group_size, spec) -> (advantages (N,), metadata of scalars)
 AdvantageFn = Callable[[torch.Tensor, int, "EstimatorSpec"], tuple[torch.Tensor, dict]]
@@ -272,44 +269,13 @@ def register_estimator(name: str, spec: EstimatorSpec) -> EstimatorSpec:
     return PRESETS[name]
 
 
-def _import_target(path: str):
-    """`package.module:attr` or `path/to/file.py:attr` -> the attribute (the file is imported once)."""
-    module_name, _, attr = path.rpartition(":")
-    if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
-        file = Path(module_name).expanduser().resolve()
-        if not file.is_file():
-            raise ValueError(f"algorithm={path!r}: no such file {file}")
-        key = f"rlvr_user_estimator_{abs(hash(str(file)))}"
-        module = sys.modules.get(key)
-        if module is None:
-            spec = importlib.util.spec_from_file_location(key, file)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[key] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[key]
-                raise
-    else:
-        if "" not in sys.path and str(Path.cwd()) not in sys.path:  # `rlvr train` run from the user's project
-            sys.path.insert(0, str(Path.cwd()))
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as err:
-            raise ValueError(f"algorithm={path!r}: cannot import {module_name!r} ({err})") from None
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ValueError(f"algorithm={path!r}: {module_name} has no attribute {attr!r}") from None
-
-
 def get_preset(name: str) -> EstimatorSpec:
     """The algorithm called `name`: a preset (or one added with `register_estimator`), or an import path
     `module:attr` / `file.py:attr` naming an EstimatorSpec. An unknown name fails with the valid ones."""
     if name in PRESETS:
         return PRESETS[name]
     if ":" in name:
-        target = _import_target(name)
+        target = import_target(name, field="algorithm")
         if not isinstance(target, EstimatorSpec):
             raise ValueError(f"algorithm={name!r} names a {type(target).__name__}, not an EstimatorSpec")
         return target.validate()

@@ -5,7 +5,7 @@ A config comes from a YAML preset (configs/*.yaml) and `key=value` overrides fro
 unknown keys are rejected with the list of valid ones. The full resolved config is written next to
 each run's outputs.
 
-May import: rlvr.core, rlvr.sandbox, rlvr.grading, rlvr.tasks, rlvr.engines, rlvr.algorithms (to
+May import: rlvr.core, rlvr.sandbox, rlvr.grading, rlvr.tasks, rlvr.environments, rlvr.engines, rlvr.algorithms (to
 validate names and choices; lazily, so configs stay cheap to import).
 """
 
@@ -28,6 +28,7 @@ from rlvr.config.sections import (
     DEVICE_HELP,
     SFT_PROMPTS,
     AsyncConfig,
+    CurriculumConfig,
     DataFields,
     DistributedConfig,
     Dtype,
@@ -40,7 +41,8 @@ from rlvr.config.sections import (
 )
 
 __all__ = [
-    "AsyncConfig", "BaseConfig", "CODE_PROMPTS", "ConfigError", "DEVICE_HELP", "DPOConfig", "DataFields",
+    "AsyncConfig", "BaseConfig", "CODE_PROMPTS", "ConfigError", "CurriculumConfig", "DEVICE_HELP", "DPOConfig",
+    "DataFields",
     "DemoConfig", "DistributedConfig", "Dtype", "EvalConfig", "NONE_IS_A_CHOICE", "PlacementConfig", "RESUME_FREE",
     "RolloutCorrectionConfig", "RolloutCorrectionMode", "SFTConfig", "SFT_PROMPTS", "SamplingMismatchWarning",
     "SandboxConfig", "TrainConfig", "TrainingFields", "choose_backend", "fields_help", "load_config",

@@ -15,6 +15,7 @@ from rlvr.config.sections import (
     DEVICE_HELP,
     SFT_PROMPTS,
     AsyncConfig,
+    CurriculumConfig,
     DataFields,
     DistributedConfig,
     Dtype,
@@ -120,6 +121,8 @@ class TrainConfig(TrainingFields):
                                              "overlong punishment (with overlong_buffer)")
     overlong_buffer: int | None = Field(None, ge=1, description="rewards' overlong term: the last N tokens before "
                                         "max_new_tokens, over which the penalty falls from 0 to -1")
+    env: str | None = Field(None, description="a multi-turn environment (rlvr.environments): gsm8k_calculator, or "
+                            "your own class as path/to/env.py:Class or package.module:Class")
     # logging
     log_rollouts_every: int = Field(5, ge=0, description="append the batch's rollouts to rollouts.jsonl every N steps")
     learning_rate: float = Field(1e-5, gt=0)
@@ -135,6 +138,7 @@ class TrainConfig(TrainingFields):
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 
@@ -209,6 +213,20 @@ class TrainConfig(TrainingFields):
             raise ValueError(f"device=cpu with distributed.learner_num_gpus={d.learner_num_gpus:g}, rollout_num_gpus="
                              f"{d.rollout_num_gpus:g}: the actors would hold GPUs they do not use; set the *_num_gpus "
                              "to 0, or device=auto")
+        if self.distributed.enabled and self.curriculum.first_pass:
+            raise ValueError("curriculum.first_pass runs in the local loop only (the driver has no engine); the "
+                             "curriculum itself works in distributed mode: set curriculum.first_pass=0")
+        if self.env is not None:
+            from rlvr.environments import environment_factory
+
+            environment_factory(self.env)  # an unknown name or a file that does not import fails here
+            if self.distributed.enabled:
+                raise ValueError(f"env={self.env}: multi-turn environments run in the local loop only (the rollout "
+                                 "workers generate single turns); set distributed.rollout_workers=0 "
+                                 "distributed.learners=1")
+            if self.distill:
+                raise ValueError(f"env={self.env} with distill > 0: the teacher would score observation tokens; "
+                                 "on-policy distillation runs single-turn only")
         if self.distributed.enabled and self.distill:
             raise ValueError("on-policy distillation (distill > 0) runs in the local loop only; set "
                              "distributed.rollout_workers=0 distributed.learners=1")

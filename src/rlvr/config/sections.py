@@ -268,6 +268,28 @@ class DistributedConfig(BaseConfig):
         return self
 
 
+class CurriculumConfig(BaseConfig):
+    """`rlvr train curriculum.*`: draw questions by their observed pass rate (rlvr.stages.curriculum): a floor
+    share from the all-right and all-wrong pools, a share from the questions that showed spread, the rest in the
+    run's order without the all-right / all-wrong ones."""
+
+    enabled: bool = Field(False, description="draw questions by observed pass rate")
+    hard_fraction: float = Field(0.1, ge=0, le=1, description="share of a batch's questions from those every "
+                                 "sample got wrong (re-tested: they may become learnable)")
+    easy_fraction: float = Field(0.1, ge=0, le=1, description="share from those every sample got right")
+    signal_fraction: float = Field(0.5, ge=0, le=1, description="share from those with right and wrong samples")
+    min_samples: int = Field(4, ge=1, description="samples before a question counts as all right / all wrong")
+    first_pass: int = Field(0, ge=0, description="questions sampled (group_size each, no training) before step 1 "
+                            "to seed the statistics (0: none; local loop only)")
+
+    @model_validator(mode="after")
+    def _shares(self):
+        total = self.hard_fraction + self.easy_fraction + self.signal_fraction
+        if total > 1 + 1e-9:
+            raise ValueError(f"curriculum fractions add up to {total:g} (hard + easy + signal must be <= 1)")
+        return self
+
+
 class AsyncConfig(BaseConfig):
     """`rlvr train async.*`: rollouts overlap training, at most `max_staleness` policy versions old."""
 

@@ -98,7 +98,9 @@ def train_distributed(cfg: TrainConfig) -> dict:
         if step == 0 and cfg.eval_at_start:
             logger.log(0, roles.validate(val, 0))
         loop = _AsyncLoop if cfg.async_.max_staleness else _SyncLoop
-        driver = loop(cfg, roles, train, order, prompt, tokenizer, reward_fn, spec, step)
+        # the order, or a pass-rate curriculum around it (its statistics are the driver's checkpoint state)
+        sampler = stages.question_sampler(cfg, order, train, state.get("driver") if state else None)
+        driver = loop(cfg, roles, train, sampler, prompt, tokenizer, reward_fn, spec, step)
         driver.resume(state.get("driver", {}) if state else {})
         bar = tqdm(total=cfg.steps, initial=step, desc=f"train {cfg.algorithm} (ray)", unit="step")
         metrics: dict = {}
@@ -144,7 +146,7 @@ class _SyncLoop:
         """Synchronous mode keeps nothing between steps beyond the learners' checkpoint."""
 
     def checkpoint_state(self) -> dict:
-        return {}
+        return stages.sampler_state(self.order)
 
     def idle_fraction(self) -> dict:
         return {"time/learner_idle_fraction": self.idle / max(self.idle + self.busy, 1e-9)}
@@ -157,11 +159,13 @@ class _SyncLoop:
             rollouts = self.generate(questions, prompts, step)
         with stages.timed(times, "score"):
             scored = stages.score_rollouts(rollouts, self.reward_fn, self.spec, self.cfg, self.tokenizer)
+            curriculum = stages.record_rollouts(self.order, rollouts, scored.scores, scored.scores,
+                                                self.cfg.group_size)
         result = self.train_and_sync(scored, step, times)
         self.idle += times["generate"] + times["score"]
         self.busy += times["train"] + times["sync_weights"]
         return rollouts, scored, result, times, {"async/staleness": 0, "async/staleness_optimizer_steps": 0,
-                                                 **self.idle_fraction()}
+                                                 **self.idle_fraction(), **curriculum}
 
     def generate(self, questions, prompts, step: int) -> stages.Rollouts:
         workers = self.roles.workers
@@ -219,7 +223,8 @@ class _AsyncLoop(_SyncLoop):
     def checkpoint_state(self) -> dict:
         pending = [[f.index, f.ids] for f in self.in_flight] + [[i, ids] for i, ids in self.requeue]
         return {"submitted": self.submitted, "dropped": self.dropped, "requeued": self.requeued,
-                "histogram": {str(k): v for k, v in self.histogram.items()}, "in_flight": sorted(pending)}
+                "histogram": {str(k): v for k, v in self.histogram.items()}, "in_flight": sorted(pending),
+                **stages.sampler_state(self.order)}
 
     def _fill(self, training: int) -> None:
         """Submit batches while each would be trained at most K versions after the weights it gets (version
@@ -277,6 +282,8 @@ class _AsyncLoop(_SyncLoop):
         rollouts = stages.Rollouts(batch.questions, batch.prompts, completions)
         with stages.timed(times, "score"):
             scored = stages.score_rollouts(rollouts, self.reward_fn, self.spec, self.cfg, self.tokenizer)
+            curriculum = stages.record_rollouts(self.order, rollouts, scored.scores, scored.scores,
+                                                self.cfg.group_size)
         busy = time.perf_counter()
         result = self.train_and_sync(scored, step, times, wait=False)
         self.step_count = step
@@ -287,6 +294,6 @@ class _AsyncLoop(_SyncLoop):
                  "async/dropped_batches": self.dropped,
                  "async/requeued_batches": self.requeued,
                  "async/behaviour_unknown_rows": scored.unknown_rows, "async/in_flight": len(self.in_flight),
-                 **self.idle_fraction(),
+                 **self.idle_fraction(), **curriculum,
                  **{f"async/staleness_{k}": self.histogram[k] for k in range(self.max_staleness + 1)}}
         return rollouts, scored, result, times, extra

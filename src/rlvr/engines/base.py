@@ -4,7 +4,7 @@ Everything above the engine (training loops, evaluation, the demo) speaks only t
 backend -- vLLM, or an engine in another process or on another machine (a Ray actor) -- plugs in by
 implementing two methods:
 
-    generate(prompts, sampling, progress=None) -> list[Completion]   len(prompts) * sampling.n, prompt-major
+    generate(prompts, sampling, progress=None, keys=None) -> list[Completion]   len(prompts) * sampling.n
     sync_weights(policy)                                             sample from the policy's weights now
 
 Optional capabilities are asked for in `SamplingParams`: per-token log-probs (`logprobs=True`) and
@@ -59,12 +59,18 @@ class Completion:
     finish_reason: str  # "stop" (stop string or end-of-sequence token) or "length"
     logprobs: list[float] | None = None
     entropies: list[float] | None = None  # nats, per generated token (SamplingParams.entropy)
+    # a multi-turn episode (rlvr.stages.episodes): True on the ids the engine sampled, False on observation
+    # ids (their logprobs / entropies are NaN); None: every id was sampled
+    loss_mask: list[bool] | None = None
+    episode: dict | None = None  # what the episode did: turns, tool calls, how it ended
 
 
 class RolloutEngine(Protocol):
-    def generate(self, prompts: list[str], sampling: SamplingParams, progress=None) -> list[Completion]:
-        """len(prompts) * sampling.n completions, prompt-major: prompt 0's samples first.
-        `progress(k)`, when given, is called as k more completions finish."""
+    def generate(self, prompts: list[str] | list[list[int]], sampling: SamplingParams, progress=None,
+                 keys: list[str] | None = None) -> list[Completion]:
+        """len(prompts) * sampling.n completions, prompt-major: prompt 0's samples first. A prompt is text or
+        token ids (a multi-turn episode's history, used as it is). `keys`, when given, key each prompt's random
+        streams instead of its text. `progress(k)`, when given, is called as k more completions finish."""
         ...
 
     def sync_weights(self, policy) -> None:

@@ -158,20 +158,26 @@ class HFEngine:
                 raise KeyError(f"sync_weights: the engine's model has no tensor {name!r}")
             targets[name].copy_(value)
 
-    def generate(self, prompts: list[str], sampling: SamplingParams, progress=None) -> list[Completion]:
+    def generate(self, prompts: list[str] | list[list[int]], sampling: SamplingParams, progress=None,
+                 keys: list[str] | None = None) -> list[Completion]:
         was_training = self.model.training
         self.model.eval()  # a shared policy comes back in the mode it came in
         try:
-            return self._generate(prompts, sampling, progress)
+            return self._generate(prompts, sampling, progress, keys)
         finally:
             self.model.train(was_training)
 
     @torch.inference_mode()
-    def _generate(self, prompts: list[str], sampling: SamplingParams, progress=None) -> list[Completion]:
+    def _generate(self, prompts, sampling: SamplingParams, progress=None, keys=None) -> list[Completion]:
         start = time.perf_counter()
-        encoded = [self.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+        encoded = [list(p) if not isinstance(p, str) else self.tokenizer(p, add_special_tokens=False).input_ids
+                   for p in prompts]
         if any(len(ids) == 0 for ids in encoded):
             raise ValueError("generate() got an empty prompt")
+        if keys is not None and len(keys) != len(prompts):
+            raise ValueError(f"generate() got {len(keys)} keys for {len(prompts)} prompts")
+        # what keys each row's random stream: the prompt's text unless told (token-id prompts: their ids)
+        keys = keys or [p if isinstance(p, str) else ",".join(map(str, p)) for p in prompts]
         # longest first, so each chunk holds prompts of similar length (less padding)
         order = sorted(range(len(prompts)), key=lambda i: -len(encoded[i]))
         per_chunk = max(1, self.batch_size // sampling.n)
@@ -180,7 +186,7 @@ class HFEngine:
         decoder = decode_llama.LlamaDecoder(self.model) if self.fast_decode else None
         for c in range(0, len(order), per_chunk):
             chunk = order[c : c + per_chunk]
-            for comp in self._generate_chunk([encoded[i] for i in chunk], [prompts[i] for i in chunk], sampling,
+            for comp in self._generate_chunk([encoded[i] for i in chunk], [keys[i] for i in chunk], sampling,
                                              decoder, progress):
                 comp.prompt_index = chunk[comp.prompt_index]
                 results[comp.prompt_index * sampling.n + comp.sample_index] = comp
@@ -195,9 +201,10 @@ class HFEngine:
         )
         return out.logits[:, -1, :].float()
 
-    def _generate_chunk(self, encoded: list[list[int]], prompts: list[str], sampling: SamplingParams,
+    def _generate_chunk(self, encoded: list[list[int]], keys: list[str], sampling: SamplingParams,
                         decoder: decode_llama.LlamaDecoder | None = None, progress=None) -> list[Completion]:
-        """One batch of prompts x n samples; `progress(k)` is told as rows finish (a bar moves per completion)."""
+        """One batch of prompts x n samples (`keys`: what seeds each prompt's rows); `progress(k)` is told as rows
+        finish (a bar moves per completion)."""
         device = input_device(self.model)
         n, width = sampling.n, max(len(ids) for ids in encoded)
         input_ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long)
@@ -224,7 +231,7 @@ class HFEngine:
         if sampling.repetition_penalty != 1.0:
             seen = torch.zeros((total, logits.shape[-1]), dtype=torch.bool, device=device)
             seen.scatter_(1, input_ids, attention.bool())
-        keys = np.array([row_key(sampling.seed, prompts[r // n], r % n) for r in range(total)], dtype=np.uint64)
+        keys = np.array([row_key(sampling.seed, keys[r // n], r % n) for r in range(total)], dtype=np.uint64)
         rows = _Rows(torch.arange(total), keys, attention, seen)
         # every row's tokens (and their log-probs / entropies) land in host buffers, one column per step
         tokens = np.zeros((total, sampling.max_new_tokens), dtype=np.int64)

@@ -7,11 +7,17 @@ loops call them as `stages.<name>` from this one module.
     learn     the optimizer steps on one rollout batch (train_on_rollouts), the reference and the teacher
     metrics   a step's metrics, seed 002's warning signs, log_step
     evaluation  evaluating an engine on examples, validation during training, `rlvr eval`
+    curriculum  an online pass-rate curriculum: which questions a batch draws
+    episodes  multi-turn rollouts (`env=`): batched episodes, the ids the learner trains on, env/* metrics
     run       run directories, loading the policy, optimizer, engines, resume, StopRequests
 
-May import: rlvr.core, rlvr.sandbox, rlvr.grading, rlvr.tasks, rlvr.engines, rlvr.algorithms, rlvr.config.
+May import: rlvr.core, rlvr.sandbox, rlvr.grading, rlvr.tasks, rlvr.environments, rlvr.engines, rlvr.algorithms,
+rlvr.config.
 """
 
+from rlvr.stages.curriculum import (Curriculum, first_pass, question_sampler, record_rollouts,
+                                    sampler_state)
+from rlvr.stages.episodes import episode_metrics, run_episodes
 from rlvr.stages.evaluation import (evaluate, run_eval, start_validation, validate)
 from rlvr.stages.learn import (distill_from_teacher, reference_log_probs, reference_model, teacher_model,
                                train_on_rollouts)
@@ -24,7 +30,9 @@ from rlvr.stages.run import (RunInterrupted, StopRequests, build_engines, build_
                              frozen_dtype, load_frozen, load_policy, native_precision, open_logger, placement,
                              restore, start_run, trainer_state)
 
-__all__ = ["Rollouts", "RunInterrupted", "RunMonitor", "Scored", "StopRequests", "build_engines", "build_optimizer",
+__all__ = ["Curriculum", "first_pass", "question_sampler", "record_rollouts", "sampler_state", "episode_metrics",
+    "run_episodes",
+    "Rollouts", "RunInterrupted", "RunMonitor", "Scored", "StopRequests", "build_engines", "build_optimizer",
     "build_reward_fn", "collect_rollouts", "distill_from_teacher", "dynamic_rollouts", "evaluate", "finish_run",
     "finished_validation", "fmt_metrics", "frozen_dtype", "load_frozen", "load_policy", "log_step",
     "native_precision", "next_questions", "open_logger", "placement", "reference_log_probs", "reference_model",

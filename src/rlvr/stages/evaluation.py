@@ -21,6 +21,8 @@ from rlvr.config import EvalConfig, TrainingFields, sampling_params
 from rlvr.core import checkpoint as ckpt
 from rlvr.core.models import cache_dir
 from rlvr.engines.base import Completion, RolloutEngine, SamplingParams
+from rlvr.environments import environment_factory
+from rlvr.stages.episodes import apply_env_rewards, run_episodes
 from rlvr.tasks.prompts import PromptTemplate
 from rlvr.tasks.records import Example
 from rlvr.tasks.rewards import get_reward_fn, score_batch
@@ -91,16 +93,22 @@ def evaluate(
     tokenizer=None,
     reward_fn=None,
     progress=None,
+    env: str | None = None,
 ) -> EvalResult:
-    """Generate `sampling.n` completions per example, grade them with the prompt's reward function."""
+    """Generate `sampling.n` completions per example (multi-turn episodes with `env`), grade them with the
+    prompt's reward function."""
     start = time.perf_counter()
     reward_fn = reward_fn or get_reward_fn(prompt.reward)
     prompts = [prompt.format(ex.question, tokenizer) for ex in examples]
     if prompt.stop and not sampling.stop:
         sampling = dataclasses.replace(sampling, stop=prompt.stop)
-    completions: list[Completion] = engine.generate(prompts, sampling, progress=progress)
+    if env is None:
+        completions: list[Completion] = engine.generate(prompts, sampling, progress=progress)
+    else:
+        completions = run_episodes(engine, environment_factory(env), examples, prompts, sampling, tokenizer, progress)
     truths = [examples[c.prompt_index].answer for c in completions]
     scores, _ = score_batch(reward_fn, [c.text for c in completions], truths)
+    apply_env_rewards(scores, completions)
     records = []
     for c, s in zip(completions, scores):
         ex = examples[c.prompt_index]
@@ -115,6 +123,8 @@ def evaluate(
             **{k: float(v) for k, v in s.items()},
             "tokens": len(c.token_ids),
             "finish_reason": c.finish_reason,
+            **({"turns": c.episode["turns"], "tool_calls": c.episode["tool_calls"], "end": c.episode["end"]}
+               if c.episode is not None else {}),
         })
     return EvalResult(records, summarize(records, sampling.n, time.perf_counter() - start))
 
@@ -205,7 +215,7 @@ def validate(engine: RolloutEngine, policy, examples: list[Example], prompt: Pro
                                                           sampled=True)))
     metrics, results = {}, []
     for name, sampling in runs:
-        result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer)
+        result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer, env=getattr(cfg, "env", None))
         results.append(result)
         s = result.summary
         metrics.update({
@@ -229,7 +239,8 @@ NOT_IN_START_VALIDATION = frozenset((
     "save_every", "keep_checkpoints", "tensorboard", "wandb_project", "eval_every", "eval_at_end",
     "eval_start_cache", "log_rollouts_every", "algorithm", "baseline", "advantage_normalizer", "advantage",
     "advantage_eps", "importance_reweighting_method", "cliprange", "cliprange_high", "loss_normalization",
-    "normalization_constant", "beta", "entropy_coef", "overlong_buffer", "kl_estimator", "steps_per_rollout", "mask_truncated_completions",
+    "normalization_constant", "beta", "entropy_coef", "overlong_buffer", "curriculum", "kl_estimator",
+    "steps_per_rollout", "mask_truncated_completions",
     "reward_signal", "distill", "distill_discount", "distill_kl", "rollout_batch_size", "group_size", "temperature",
     "top_p", "max_new_tokens", "min_new_tokens", "repetition_penalty", "dynamic_sampling", "dynamic_sampling_rounds",
     "dynamic_sampling_questions",

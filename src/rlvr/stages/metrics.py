@@ -5,6 +5,7 @@ signs (`RunMonitor`), the end of a step in every loop (`log_step`), per-phase ti
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from contextlib import contextmanager
@@ -12,6 +13,7 @@ from contextlib import contextmanager
 from rlvr.algorithms.update import TrainBatch
 from rlvr.config import TrainConfig, TrainingFields
 from rlvr.engines.base import Completion
+from rlvr.stages.episodes import episode_metrics
 from rlvr.stages.evaluation import pass_at_k
 from rlvr.stages.rollouts import Rollouts, Scored
 
@@ -82,7 +84,7 @@ def step_metrics(cfg, rollouts: Rollouts, scored: Scored, updates, times, lr: fl
     # an update on a fully pruned train batch is a zero-gradient step: its loss and grad norm are 0 by
     # construction, and averaging them in would make a step look quieter than its training was
     trained = [u for u in ok if u["trained_rollouts"] > 0]
-    entropies = [e for c in completions for e in (c.entropies or [])]
+    entropies = [e for c in completions for e in (c.entropies or []) if not math.isnan(e)]  # NaN: observation ids
     m = {
         "train/reward": reward_meta["reward_mean"],
         "train/format_reward": reward_meta["format_reward_mean"],
@@ -103,6 +105,7 @@ def step_metrics(cfg, rollouts: Rollouts, scored: Scored, updates, times, lr: fl
         elif key.startswith("grading/") and key != "grading/seconds":
             m[key] = value
     m.update(_group_pass_at_k([s["answer_reward"] for s in every_scores], cfg.group_size))
+    m.update(episode_metrics(every.completions))  # env/*: multi-turn episodes only
     if sampled is not None:
         m.update(_rollout_shape(completions, "kept_"))
         kept = _group_pass_at_k([s["answer_reward"] for s in scored.scores], cfg.group_size)

@@ -18,6 +18,8 @@ from rlvr.algorithms.spec import EstimatorSpec, compute_advantages
 from rlvr.algorithms.update import TrainBatch
 from rlvr.config import TrainConfig, sampling_params
 from rlvr.engines.base import Completion, RolloutEngine
+from rlvr.environments import environment_factory
+from rlvr.stages.episodes import apply_env_rewards, run_episodes
 from rlvr.tasks.prompts import PromptTemplate
 from rlvr.tasks.records import DataOrder, Example
 from rlvr.tasks.rewards import combine_rewards, format_reward_fn, get_reward_fn, score_batch
@@ -80,8 +82,11 @@ def sampled_log_probs(completions: list[Completion], labels: torch.Tensor, respo
     for j, c in enumerate(completions):
         positions = response_mask[j].nonzero().squeeze(-1)
         ids = labels[j, positions].tolist()
-        if c.logprobs is not None and list(c.token_ids) == ids and len(c.logprobs) == len(ids):
-            out[j, positions] = torch.tensor(c.logprobs, dtype=torch.float32)
+        keep = c.loss_mask if c.loss_mask is not None else [True] * len(c.token_ids)  # the sampled ids
+        sampled = [t for t, k in zip(c.token_ids, keep) if k]
+        logprobs = [x for x, k in zip(c.logprobs, keep) if k] if c.logprobs is not None else None
+        if logprobs is not None and sampled == ids and len(logprobs) == len(ids):
+            out[j, positions] = torch.tensor(logprobs, dtype=torch.float32)
         elif ids:
             unknown += 1
     return out, unknown
@@ -101,11 +106,22 @@ def rollout_sampling(cfg: TrainConfig, prompt: PromptTemplate, step: int):
     return dataclasses.replace(sampling, logprobs=True)
 
 
+def generate(engine: RolloutEngine, questions: list[Example], prompts: list[str], sampling, tokenizer,
+             cfg) -> list[Completion]:
+    """The completions of a batch of prompts: one turn each, or with `env=` one multi-turn episode each
+    (rlvr.stages.episodes)."""
+    env = getattr(cfg, "env", None)
+    if env is None:
+        return engine.generate(prompts, sampling)
+    return run_episodes(engine, environment_factory(env), questions, prompts, sampling, tokenizer)
+
+
 def collect_rollouts(engine: RolloutEngine, model, train: list[Example], order: DataOrder, prompt: PromptTemplate,
                      tokenizer, cfg: TrainConfig, step: int) -> Rollouts:
     questions, prompts = next_questions(train, order, prompt, tokenizer, cfg)
     engine.sync_weights(model)
-    return Rollouts(questions, prompts, engine.generate(prompts, rollout_sampling(cfg, prompt, step)))
+    return Rollouts(questions, prompts, generate(engine, questions, prompts, rollout_sampling(cfg, prompt, step),
+                                                 tokenizer, cfg))
 
 
 def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: DataOrder, prompt: PromptTemplate,
@@ -140,7 +156,7 @@ def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
         new_q, new_p = next_questions(train, order, prompt, tokenizer, cfg, count=count)
         sampling = rollout_sampling(cfg, prompt, step)
         sampling = dataclasses.replace(sampling, seed=sampling.seed + 1_000_000_007 * rounds)
-        batch = Rollouts(new_q, new_p, engine.generate(new_p, sampling))
+        batch = Rollouts(new_q, new_p, generate(engine, new_q, new_p, sampling, tokenizer, cfg))
         rounds += 1
         scores, counts = score_completions(reward_fn, batch, cfg)
         for name, value in counts.items():
@@ -178,6 +194,7 @@ def score_completions(reward_fn, rollouts: Rollouts, cfg: TrainConfig) -> tuple[
     `rewards={..., overlong: w}` (DAPO's soft overlong punishment, `overlong_buffer` tokens before
     max_new_tokens) on the sampled token counts, logged as `reward/overlong`."""
     scores, grading = score_batch(reward_fn, rollouts.responses, rollouts.truths)
+    apply_env_rewards(scores, rollouts.completions)
     weight = (cfg.rewards or {}).get("overlong")
     if weight:
         for score, c in zip(scores, rollouts.completions):
@@ -198,7 +215,8 @@ def score_rollouts(rollouts: Rollouts, reward_fn, spec: EstimatorSpec, cfg: Trai
     advantages, adv_meta = compute_advantages(raw_rewards, cfg.group_size, spec)
     # the sampled ids are what is trained (EOS included when it was sampled), never the text encoded again
     tokens = tokenize_prompt_and_ids([rollouts.prompts[c.prompt_index] for c in rollouts.completions],
-                                     [c.token_ids for c in rollouts.completions], tokenizer)
+                                     [c.token_ids for c in rollouts.completions], tokenizer,
+                                     [c.loss_mask for c in rollouts.completions])
     mask = tokens["response_mask"]
     sampled, unknown = sampled_log_probs(rollouts.completions, tokens["labels"], mask)
     if spec.mask_truncated_completions:

@@ -55,8 +55,11 @@ def train_grpo(cfg: TrainConfig) -> dict:
     step, order = stages.restore(state, optimizer, scheduler, DataOrder(len(train), f"grpo-{cfg.seed}"))
     if state is not None:
         monitor.load(state["monitor"])
+    sampler = stages.question_sampler(cfg, order, train, state)  # the order, or a pass-rate curriculum around it
     logger = stages.open_logger(run_dir, cfg, state)
     engine, val_engine = stages.build_engines(model, tokenizer, cfg, where)
+    if step == 0 and cfg.curriculum.enabled and cfg.curriculum.first_pass:
+        logger.log(0, stages.first_pass(sampler, engine, model, train, prompt, tokenizer, cfg, reward_fn))
     if step == 0 and cfg.eval_at_start:
         metrics = stages.start_validation(val_engine, model, val, prompt, tokenizer, cfg)
         logger.log(0, metrics)
@@ -73,12 +76,14 @@ def train_grpo(cfg: TrainConfig) -> dict:
             dynamic, graded, sampled = {}, None, None
             with stages.timed(times, "generate"):
                 if cfg.dynamic_sampling:
-                    rollouts, dynamic, graded, sampled = stages.dynamic_rollouts(engine, model, train, order, prompt,
-                                                                          tokenizer, cfg, step, reward_fn, spec)
+                    rollouts, dynamic, graded, sampled = stages.dynamic_rollouts(
+                        engine, model, train, sampler, prompt, tokenizer, cfg, step, reward_fn, spec)
                 else:
-                    rollouts = stages.collect_rollouts(engine, model, train, order, prompt, tokenizer, cfg, step)
+                    rollouts = stages.collect_rollouts(engine, model, train, sampler, prompt, tokenizer, cfg, step)
             with stages.timed(times, "score"):
                 scored = stages.score_rollouts(rollouts, reward_fn, spec, cfg, tokenizer, graded)
+                every, every_scores = sampled if sampled is not None else (rollouts, scored.scores)
+                curriculum = stages.record_rollouts(sampler, every, every_scores, scored.scores, cfg.group_size)
             with stages.timed(times, "teacher"):
                 # (distill_kl reverse / forward: the update scores the teacher itself, logs train/teacher_kl_exact)
                 distilled = stages.distill_from_teacher(scored.batch, model, teacher, spec, cfg) \
@@ -89,7 +94,8 @@ def train_grpo(cfg: TrainConfig) -> dict:
             lr = scheduler.get_last_lr()[0]
             metrics = {**stages.step_metrics(cfg, rollouts, scored, updates, times, lr, sampled),
                        **distilled,
-                       **dynamic}
+                       **dynamic,
+                       **curriculum}
             if stages.validation_due(cfg, step):
                 with stages.timed(times, "validate"):
                     val_metrics, _ = stages.validate(val_engine, model, val, prompt, tokenizer, cfg)
@@ -99,7 +105,8 @@ def train_grpo(cfg: TrainConfig) -> dict:
             stop.after_step(cfg, run_dir, step, "rlvr train", close=(bar.close, logger.close),
                             save=lambda: ckpt.save_checkpoint(
                                 run_dir, step, model, tokenizer,
-                                stages.trainer_state(optimizer, scheduler, order, monitor=monitor.state()),
+                                stages.trainer_state(optimizer, scheduler, order, monitor=monitor.state(),
+                                                     **stages.sampler_state(sampler)),
                                 keep=cfg.keep_checkpoints))
     bar.close()
     summary = {"steps": step, "algorithm": cfg.algorithm,

@@ -1,0 +1,122 @@
+"""The online pass-rate curriculum (issue 39.1, rlvr.stages.curriculum): pools by hand, the batch's shares,
+determinism for a seed, exact resume, and a run with it on (local and with dynamic sampling)."""
+
+import types
+
+import pytest
+
+from conftest import train_cfg
+from test_train import _parity  # noqa: F401 (autouse: a reward with spread in most groups)
+from rlvr import stages
+from rlvr.config import CurriculumConfig
+from rlvr.core.tracking import read_jsonl
+from rlvr.stages.curriculum import Curriculum
+from rlvr.tasks.records import DataOrder, Example
+from rlvr.training import rl as train_module
+
+TRAIN = [Example(f"q{i}", str(i)) for i in range(20)]
+
+
+def _curriculum(**cfg) -> Curriculum:
+    return Curriculum(DataOrder(len(TRAIN), "t"), TRAIN, CurriculumConfig(enabled=True, **cfg), "t")
+
+
+def _record(c: Curriculum, question: int, right: list[bool]) -> None:
+    completions = [types.SimpleNamespace(prompt_index=0) for _ in right]
+    c.record([TRAIN[question]], completions, [{"answer_reward": float(r), "reward": float(r)} for r in right])
+
+
+def test_without_statistics_the_curriculum_draws_the_runs_order():
+    c, order = _curriculum(), DataOrder(len(TRAIN), "t")
+    assert [c.take(3) for _ in range(10)] == [order.take(3) for _ in range(10)]  # across an epoch too
+
+
+def test_pools_and_the_batch_shares_by_hand():
+    c = _curriculum(hard_fraction=0.1, easy_fraction=0.1, signal_fraction=0.5, min_samples=4)
+    for q in (0, 1):
+        _record(c, q, [True] * 4)  # easy
+    for q in (2, 3):
+        _record(c, q, [False] * 4)  # hard
+    _record(c, 4, [False] * 3)  # wrong but only 3 samples: not settled yet
+    for q in range(5, 12):
+        _record(c, q, [True, False, False, False])  # signal
+    assert c.pools() == {"easy": [0, 1], "hard": [2, 3], "signal": list(range(5, 12))}
+    batch = c.take(10)
+    assert len(batch) == len(set(batch)) == 10
+    assert len([q for q in batch if q in (0, 1)]) == 1 and len([q for q in batch if q in (2, 3)]) == 1
+    assert len([q for q in batch if 5 <= q < 12]) >= 5  # its share, and the run's order may add more
+    m = c.last
+    assert (m["curriculum/easy"], m["curriculum/hard"], m["curriculum/signal"], m["curriculum/seen"]) == (2, 2, 7, 12)
+    known = [q for q in batch if q < 12]
+    rates = {0: 1, 1: 1, 2: 0, 3: 0, 4: 0, **{q: 0.25 for q in range(5, 12)}}
+    assert m["curriculum/batch_expected_pass_rate"] == pytest.approx(sum(rates[q] for q in known) / len(known))
+    # the rest of the batch comes from the order and never from the settled pools beyond their share
+    c2 = _curriculum(hard_fraction=0.0, easy_fraction=0.0, signal_fraction=0.0, min_samples=4)
+    c2.load(c.state() | {"draws": 0})
+    assert not set(c2.take(15)) & {0, 1, 2, 3}
+
+
+def test_draws_are_deterministic_for_a_seed_and_resume_exactly():
+    a, b = _curriculum(), _curriculum()
+    for c in (a, b):
+        for q in range(8):
+            _record(c, q, [q % 2 == 0, q % 3 == 0, True, False])
+    assert [a.take(4) for _ in range(6)] == [b.take(4) for _ in range(6)]
+    resumed = Curriculum(DataOrder(len(TRAIN), "t", **a.order.state()), TRAIN, a.cfg, "t")
+    resumed.load(a.state())
+    assert [a.take(4) for _ in range(6)] == [resumed.take(4) for _ in range(6)]
+    other = Curriculum(DataOrder(len(TRAIN), "u"), TRAIN, a.cfg, "u")
+    other.load(a.state())
+    assert [a.take(4) for _ in range(6)] != [other.take(4) for _ in range(6)]
+
+
+def test_a_batch_larger_than_the_unsettled_questions_is_still_filled():
+    c = _curriculum(hard_fraction=0.1, easy_fraction=0.1, signal_fraction=0.0, min_samples=1)
+    for q in range(20):
+        _record(c, q, [q < 10])  # every question settled: 10 easy, 10 hard
+    batch = c.take(6)
+    assert len(batch) == len(set(batch)) == 6
+
+
+def test_groups_with_spread_are_counted():
+    c = _curriculum()
+    scores = [{"reward": r} for r in (1, 0, 1, 1, 0, 0)]
+    assert c.metrics(2, scores)["curriculum/groups_with_spread"] == 1  # (1, 0) only
+
+
+def _run(model_dir, out, **kw):
+    return train_cfg(model_dir, out, **{"train_limit": 6, "steps": 6, "rollout_batch_size": 8, "group_size": 4,
+                                        "eval_every": 0, "eval_at_start": False, "curriculum.enabled": True,
+                                        "curriculum.min_samples": 4, **kw})
+
+
+def test_a_run_with_the_curriculum_logs_its_pools_and_resumes_exactly(tmp_path, model_dir, crash_at):
+    kw = {"save_every": 2}
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    train_module.train_grpo(_run(model_dir, straight, **kw))
+    rows = [r for r in read_jsonl(straight / "metrics.jsonl") if "train/loss" in r]
+    assert len(rows) == 6 and all("curriculum/groups_with_spread" in r for r in rows)
+    assert rows[-1]["curriculum/seen"] == 6  # 6 questions, each drawn by now
+    undo = crash_at(5)
+    with pytest.raises(KeyboardInterrupt):
+        train_module.train_grpo(_run(model_dir, killed, **kw))
+    undo()
+    train_module.train_grpo(_run(model_dir, killed, resume=True, **kw))
+    # every number but the times (val/seconds among them: the final validation's wall time)
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time") and k != "val/seconds"}  # noqa: E731
+                          for r in rows]
+    assert strip(read_jsonl(killed / "metrics.jsonl")) == strip(read_jsonl(straight / "metrics.jsonl"))
+
+
+def test_the_curriculum_with_dynamic_sampling_and_a_first_pass(tmp_path, model_dir):
+    out = tmp_path / "run"
+    train_module.train_grpo(_run(model_dir, out, steps=2, dynamic_sampling=True, **{"curriculum.first_pass": 4}))
+    rows = list(read_jsonl(out / "metrics.jsonl"))
+    first = rows[0]
+    assert first["step"] == 0 and first["curriculum/seen"] == 4 and "time/curriculum_first_pass" in first
+    trained = [r for r in rows if "train/dynamic_rounds" in r]
+    assert len(trained) == 2 and all(r["curriculum/seen"] >= 4 for r in trained)
+
+
+def test_the_stages_export_the_curriculum():
+    assert stages.question_sampler is not None and "Curriculum" in stages.__all__

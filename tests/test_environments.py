@@ -1,0 +1,321 @@
+"""Multi-turn environments (issue 38): the calculator, the episode loop on a real engine (tiny model), the ids
+from sampler to learner, the loss by hand on a two-turn episode, every way an episode ends, and `rlvr train env=`
+with a user's file, resumed exactly."""
+
+import copy
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import train_cfg
+from test_train import _parity  # noqa: F401 (autouse: a reward with spread in most groups)
+from rlvr.algorithms.policy import get_response_log_probs, tokenize_prompt_and_ids
+from rlvr.algorithms.spec import EstimatorSpec
+from rlvr.algorithms.update import TrainBatch, policy_gradient_update
+from rlvr.config import ConfigError
+from rlvr.core.tracking import read_jsonl
+from rlvr.engines.base import SamplingParams
+from rlvr.engines.hf import HFEngine
+from rlvr.environments import Environment, Observation, environment_factory
+from rlvr.environments.calculator import CalculatorEnv, CalculatorError, evaluate, format_result
+from rlvr.stages.episodes import episode_metrics, run_episodes
+from rlvr.stages.rollouts import Rollouts, score_rollouts
+from rlvr.tasks.records import Example
+from rlvr.training import rl as train_module
+
+ROOT = Path(__file__).resolve().parents[1]
+OBS = " [obs 42]"
+LETTERS = tuple("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The calculator
+
+
+def test_the_calculator_computes_gsm8k_s_own_annotations():
+    rows = (ROOT / "src/rlvr/data/gsm8k/train.jsonl").read_text().splitlines()
+    pairs = [a.rsplit("=", 1) for r in rows for a in __import__("re").findall(r"<<([^>]*)>>", json.loads(r)["answer"])]
+    agree = sum(abs(evaluate(e) - float(v)) <= 0.01 * max(1.0, abs(float(v))) for e, v in pairs)
+    assert len(pairs) == agree == 23716  # every annotation of the 7,473 solutions, to GSM8K's own rounding
+    assert (evaluate("48/2"), evaluate("2*20*.01"), evaluate("(3+4)**2"), evaluate("-5+2")) == (24, 0.4, 49, -3)
+    assert [format_result(v) for v in (24.0, 0.4, 10 / 3, -3.0)] == ["24", "0.4", "3.3333", "-3"]
+
+
+@pytest.mark.parametrize("expression", [
+    "__import__('os').system('touch /tmp/pwned')", "open('/etc/passwd')", "x + 1", "9**9**9", "10**100", "1/0",
+    "(1, 2)", "[1] * 10", "1e400", "2**-1**-1 ** 9999", "lambda: 1", "0 ** -1", "(-8) ** 0.5", "1" * 200, "",
+])
+def test_the_calculator_refuses_what_is_not_small_arithmetic(expression):
+    with pytest.raises(CalculatorError):
+        evaluate(expression)
+
+
+def test_the_calculator_environment_answers_open_annotations_only():
+    env = CalculatorEnv(Example("q", "1"))
+    assert env.step("She sold <<48/2=", []) == Observation(text="24>>", tool_calls=1)
+    assert env.step(" so 12 =", []) == Observation()  # prose: the model goes on
+    assert env.step(" <<3*4>>12 and 5 =", []) == Observation()  # the annotation is closed
+    assert env.step(" <<7/0=", []) == Observation(tool_calls=1, tool_errors=1)
+    assert environment_factory("gsm8k_calculator") is CalculatorEnv
+
+
+def test_env_names_and_files_are_checked_with_the_config(tmp_path, model_dir):
+    with pytest.raises(ConfigError, match="did you mean 'gsm8k_calculator'"):
+        train_cfg(model_dir, tmp_path / "r", env="gsm8k_calculater")
+    with pytest.raises(ConfigError, match="no such file"):
+        train_cfg(model_dir, tmp_path / "r", env="nowhere/env.py:Env")
+    with pytest.raises(ConfigError, match="not a subclass"):
+        train_cfg(model_dir, tmp_path / "r", env="rlvr.environments.calculator:evaluate")
+    with pytest.raises(ConfigError, match="local loop only"):
+        train_cfg(model_dir, tmp_path / "r", env="gsm8k_calculator", **{"distributed.rollout_workers": 1})
+
+
+# ---------------------------------------------------------------------------------------------------
+# Episodes on the real engine
+
+
+class Echo(Environment):
+    """Every turn that ends at a letter gets OBS back, for up to 3 turns."""
+
+    stop = LETTERS
+    max_turns = 3
+
+    def step(self, text, ids):
+        return Observation(text=OBS, tool_calls=1, reward=float(len(ids)))
+
+
+def _episodes(tiny_model, tokenizer, env=Echo, n=4, max_new_tokens=40, seed=3):
+    questions = [Example("2+2", "4"), Example("3+4", "7")]
+    prompts = ["Q: 2+2?\nA:", "Q: 3+4?\nA:"]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, n=n, seed=seed, logprobs=True,
+                              entropy=True, stop=("Z!",))
+    engine = HFEngine(tiny_model, tokenizer, dtype="float32")
+    return questions, prompts, run_episodes(engine, env, questions, prompts, sampling, tokenizer)
+
+
+def test_the_learner_trains_the_ids_the_sampler_produced_and_scores_them_as_it_did(tiny_model, tokenizer):
+    questions, prompts, episodes = _episodes(tiny_model, tokenizer)
+    obs_ids = tokenizer(OBS, add_special_tokens=False).input_ids
+    multi = [c for c in episodes if c.episode["turns"] >= 2]
+    assert len(multi) >= 4 and all(c.episode["observation_tokens"] == len(obs_ids) * (c.episode["turns"] - 1)
+                                   for c in multi if c.episode["end"] != "max_tokens")
+    for c in episodes:  # observations sit between the turns as ids, masked, with no sampling log-prob
+        assert len(c.token_ids) == len(c.loss_mask) == len(c.logprobs)
+        assert [math.isnan(x) for x in c.logprobs] == [not m for m in c.loss_mask]
+        assert OBS in c.text or c.episode["turns"] == 1
+
+    def reward(response, truth):
+        return {"reward": float(len(response) % 2), "format_reward": 1.0, "answer_reward": 0.0}
+
+    rollouts = Rollouts(questions, prompts, episodes)
+    cfg = train_cfg("unused", "unused", group_size=4, rollout_batch_size=8)
+    scored = score_rollouts(rollouts, reward, cfg.estimator, cfg, tokenizer)
+    batch = scored.batch
+    assert scored.unknown_rows == 0
+    prompt_lengths = [len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts]
+    for row, c in enumerate(episodes):
+        start = prompt_lengths[c.prompt_index] - 1  # labels are the ids shifted by one
+        span = slice(start, start + len(c.token_ids))
+        assert batch.labels[row, span].tolist() == c.token_ids  # no id decoded and encoded again
+        assert batch.response_mask[row, span].tolist() == c.loss_mask
+        assert int(batch.response_mask[row].sum()) == sum(c.loss_mask)
+    # the learner's log-probs of the sampled ids, in the context the learner sees, are the sampler's: it saw the
+    # same ids before every turn (observations included)
+    with torch.no_grad():
+        learner = get_response_log_probs(tiny_model, batch.input_ids, batch.labels)["log_probs"]
+    sampled = batch.response_mask
+    torch.testing.assert_close(learner[sampled], batch.rollout_log_probs[sampled], atol=2e-5, rtol=0)
+    assert not batch.rollout_log_probs[sampled].isnan().any()
+    metrics = episode_metrics(episodes)
+    assert metrics["env/turns"] == sum(c.episode["turns"] for c in episodes) / 8
+    assert metrics["env/reward_turn_1"] == pytest.approx(
+        sum(c.episode["turn_rewards"][0] for c in episodes if c.episode["turn_rewards"]) /
+        sum(1 for c in episodes if c.episode["turn_rewards"]))
+
+
+def test_a_one_turn_episode_is_the_single_turn_completion(tiny_model, tokenizer):
+    # an environment that never answers: turn 1 is the same engine call, so the same samples, as without one
+    class Never(Environment):
+        stop = ()
+
+    _, prompts, episodes = _episodes(tiny_model, tokenizer, env=Never)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=40, n=4, seed=3, logprobs=True, entropy=True,
+                              stop=("Z!",))
+    plain = HFEngine(tiny_model, tokenizer, dtype="float32").generate(prompts, sampling)
+    assert [c.token_ids for c in episodes] == [c.token_ids for c in plain]
+    assert [c.text for c in episodes] == [c.text for c in plain]
+    assert [c.finish_reason for c in episodes] == [c.finish_reason for c in plain]
+    assert all(c.episode["end"] == ("answer" if c.finish_reason == "stop" else "max_tokens") for c in episodes)
+    assert all(c.loss_mask == [True] * len(c.token_ids) and c.episode["turns"] == 1 for c in episodes)
+
+
+def test_observation_ids_are_out_of_the_loss_and_every_normaliser(tiny_model, tokenizer):
+    # a two-turn episode: 3 sampled ids, 2 observation ids, 2 sampled ids; GRPO's per-sequence normalisation with
+    # a KL penalty and an entropy bonus; the update equals the hand-written loss over the 5 sampled ids only
+    prompt, ids = "Q: 2+2?\nA:", [70, 71, 72, 90, 91, 73, 74]
+    mask = [True, True, True, False, False, True, True]
+    tokens = tokenize_prompt_and_ids([prompt], [ids], tokenizer, [mask])
+    reference = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        ref = get_response_log_probs(reference, tokens["input_ids"], tokens["labels"])["log_probs"]
+    advantage, beta, coef = 1.5, 0.1, 0.05
+    batch = TrainBatch(tokens["input_ids"], tokens["labels"], tokens["response_mask"], torch.tensor([advantage]),
+                       reference_log_probs=ref)
+    spec = EstimatorSpec(loss_normalization="sequence", beta=beta, entropy_coef=coef).validate()
+    models = [copy.deepcopy(tiny_model), copy.deepcopy(tiny_model)]
+    optimizers = [torch.optim.SGD(m.parameters(), lr=1.0) for m in models]
+    loss, _ = policy_gradient_update(models[0], optimizers[0], batch, spec, 1, None, on_policy_ratio=True)
+
+    logits = models[1](input_ids=tokens["input_ids"]).logits.float()
+    logp = torch.log_softmax(logits, -1).gather(-1, tokens["labels"].unsqueeze(-1)).squeeze(-1)
+    entropy = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+    kl = 0.5 * (logp - ref) ** 2  # k2, the default estimator
+    trained = tokens["response_mask"][0]
+    assert trained.sum() == 5 and trained.tolist().count(True) == 5
+
+    def by_hand(positions):
+        per_token = -advantage * logp[0] + beta * kl[0] - coef * entropy[0]
+        return per_token[positions].sum() / positions.sum()
+
+    hand = by_hand(trained)
+    everything = tokens["response_mask"][0].clone()
+    everything[everything.nonzero().min() : everything.nonzero().max() + 1] = True  # observations too
+    assert abs(float(by_hand(everything).detach() - hand.detach())) > 1e-3  # the test can tell the two apart
+    assert float(loss) == pytest.approx(float(hand.detach()), rel=1e-5)
+    hand.backward()
+    optimizers[1].step()
+    for (name, p), q in zip(models[0].named_parameters(), models[1].parameters()):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=0, atol=1e-6, msg=name)
+
+
+class Talkative(Environment):
+    stop = LETTERS
+    max_turns = 50
+
+    def step(self, text, ids):
+        return Observation(ids=[5] * 7)
+
+
+class Raises(Environment):
+    stop = LETTERS
+
+    def step(self, text, ids):
+        raise RuntimeError("the tool fell over")
+
+
+class Slow(Environment):
+    stop = LETTERS
+    tool_timeout_s = 0.2
+
+    def step(self, text, ids):
+        time.sleep(1.5)
+        return Observation(text="late")
+
+
+class Done(Environment):
+    stop = LETTERS
+
+    def step(self, text, ids):
+        return Observation(done=True, reward=1.0)
+
+
+def test_every_way_an_episode_ends(tiny_model, tokenizer):
+    _, _, echo = _episodes(tiny_model, tokenizer, env=Echo, max_new_tokens=200)
+    ends = {c.episode["end"] for c in echo}
+    assert "max_turns" in ends and ends <= {"max_turns", "answer"}
+    assert all(c.episode["turns"] == 3 and c.finish_reason == "length" for c in echo if c.episode["end"] == "max_turns")
+
+    _, _, talk = _episodes(tiny_model, tokenizer, env=Talkative, max_new_tokens=40)
+    long = [c for c in talk if c.episode["end"] == "max_tokens"]
+    assert len(long) >= 4 and all(len(c.token_ids) == 40 and c.finish_reason == "length" for c in long)
+
+    _, _, raised = _episodes(tiny_model, tokenizer, env=Raises)
+    called = [c for c in raised if c.episode["end"] != "answer"]
+    assert called and all(c.episode["end"] == "tool_error" and "the tool fell over" in c.episode["error"]
+                          and c.episode["tool_errors"] == 1 for c in called)
+
+    start = time.monotonic()
+    _, _, slow = _episodes(tiny_model, tokenizer, env=Slow)
+    waited = time.monotonic() - start
+    timed_out = [c for c in slow if c.episode["end"] == "tool_timeout"]
+    assert timed_out and all("late" not in c.text for c in timed_out)
+    assert episode_metrics(slow)["env/tool_timeouts"] == len(timed_out)
+    assert waited < 1.5 * 3  # the steps waited side by side, not one timeout after another
+
+    _, _, done = _episodes(tiny_model, tokenizer, env=Done)
+    assert {c.episode["end"] for c in done} <= {"done", "answer"} and any(c.episode["end"] == "done" for c in done)
+    assert all(c.episode["turns"] == 1 for c in done)
+
+
+# ---------------------------------------------------------------------------------------------------
+# rlvr train env=...
+
+
+USER_ENV = '''
+from rlvr.environments import Environment, Observation
+
+
+class Hint(Environment):
+    """A user's environment: a turn that ends at a space gets " ok" back, twice at most."""
+
+    stop = (" ",)
+    max_turns = 3
+
+    def step(self, text, ids):
+        return Observation(text=" ok", tool_calls=1)
+'''
+
+
+def _env_cfg(model_dir, out, env, **kw):
+    return train_cfg(model_dir, out, env=env, steps=4, max_new_tokens=16, save_every=2, **kw)
+
+
+def test_a_users_environment_file_trains_and_resumes_exactly(tmp_path, model_dir, crash_at):
+    (tmp_path / "my_env.py").write_text(USER_ENV)
+    env = f"{tmp_path / 'my_env.py'}:Hint"
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    train_module.train_grpo(_env_cfg(model_dir, straight, env))
+    rows = [r for r in read_jsonl(straight / "metrics.jsonl") if "train/loss" in r]
+    assert len(rows) == 4 and all(r["env/turns"] >= 1 for r in rows) and any(r["env/turns"] > 1 for r in rows)
+    assert any(r["env/observation_tokens"] > 0 for r in rows)
+    logged = [json.loads(line) for line in (straight / "rollouts.jsonl").read_text().splitlines()]
+    assert any(" ok" in r["response"] for r in logged)
+    undo = crash_at(3)
+    with pytest.raises(KeyboardInterrupt):
+        train_module.train_grpo(_env_cfg(model_dir, killed, env))
+    undo()
+    train_module.train_grpo(_env_cfg(model_dir, killed, env, resume=True))
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time") and k != "val/seconds"}  # noqa: E731
+                          for r in rows]
+    assert strip(read_jsonl(killed / "metrics.jsonl")) == strip(read_jsonl(straight / "metrics.jsonl"))
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "dapo", "offpolicy_gspo"])
+def test_environments_train_with_the_estimators_lora_and_microbatches(tmp_path, model_dir, algorithm):
+    (tmp_path / "my_env.py").write_text(USER_ENV)
+    extra = {"lora_rank": 4} if algorithm == "grpo" else {}
+    train_module.train_grpo(train_cfg(model_dir, tmp_path / "run", env=f"{tmp_path / 'my_env.py'}:Hint",
+                                      algorithm=algorithm, steps=2, max_new_tokens=16, microbatch_size=2, **extra))
+    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "train/loss" in r]
+    # (dapo masks truncated episodes, those that ran out of turns or tokens, so a step may train nothing)
+    assert len(rows) >= (1 if algorithm == "dapo" else 2)
+    assert all(math.isfinite(r["train/loss"]) and r["train/trained_tokens"] > 0 for r in rows)
+    steps = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "env/turns" in r]
+    assert len(steps) == 2 and any(r["env/observation_tokens"] > 0 for r in steps)
+
+
+def test_the_example_environment_runs_through_env_file_class(tmp_path, model_dir):
+    # examples/retry_env.py: a user's file; its own reward (the last attempt's r1_zero score) replaces the run's
+    env = f"{ROOT / 'examples' / 'retry_env.py'}:RetryEnv"
+    summary = train_module.train_grpo(train_cfg(model_dir, tmp_path / "run", env=env, steps=2))
+    assert summary["steps"] == 2
+    rows = list(read_jsonl(tmp_path / "run" / "metrics.jsonl"))
+    trained = [r for r in rows if "train/reward" in r]
+    assert len(trained) == 2 and all(r["train/reward"] == 0 and r["env/turns"] >= 1 for r in trained)
+    assert any("val/accuracy" in r for r in rows)  # validation runs the episodes too
