@@ -25,8 +25,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/rlvr demo --out runs/demo
 
+# two workers, a test file each at a time (pytest-xdist): the suite is mostly single-threaded tiny models and
+# subprocesses, so two cores run it in about half the time; a file's tests (one Ray, one sandbox run) stay together
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'

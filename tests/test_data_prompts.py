@@ -41,6 +41,11 @@ def test_load_jsonl_custom_fields_and_plain_answers(tmp_path):
         ('{"question": "", "answer": "1"}\n', r"bad\.jsonl:1: field 'question' must be a non-empty string"),
         ('{"question": "a", "answer": "no hashes"}\n{"question": "b", "answer": "#### "}\n', r"bad\.jsonl:2"),
         ("\n\n", r"bad\.jsonl: no examples"),
+        # issue 41.5: the column of the mistake itself (the trailing comma's next character, column 44; the bad
+        # literal, column 50), on any line
+        ('{"question": "a", "answer": "1"}\n{"question": "What is 3+3?", "answer": "6",}\n',
+         r"bad\.jsonl:2: not valid JSON \(Expecting property name enclosed in double quotes at column 44\)"),
+        ('{"question": "What is 2+2?", "answer": "4", "x": tru}\n', r"bad\.jsonl:1: .* at column 50\)"),
     ],
 )
 def test_load_jsonl_errors_name_file_and_line(tmp_path, content, message):
@@ -48,6 +53,13 @@ def test_load_jsonl_errors_name_file_and_line(tmp_path, content, message):
     path.write_text(content)
     with pytest.raises(DataError, match=message):
         load_jsonl(path)
+
+
+def test_a_byte_order_mark_is_not_a_json_error(tmp_path):
+    # files saved by some Windows editors start with U+FEFF, which json.loads reports at column 1
+    path = tmp_path / "bom.jsonl"
+    path.write_text('\ufeff{"question": "a", "answer": "1"}\n', encoding="utf-8")
+    assert [e.question for e in load_jsonl(path)] == ["a"]
 
 
 def test_load_dataset_errors(tmp_path):

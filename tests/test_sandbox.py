@@ -60,7 +60,11 @@ def _digest(root: Path) -> dict[str, str]:
 
 
 def _dev_shm() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    """The host's /dev/shm, less Python multiprocessing's named semaphores (`sem.mp-*`): tests running beside
+    this one (`make test` runs two workers; test_parallel's spawned learners) create and remove those while the
+    attacks run. No attack here writes one; each writes its own `rlvr-*` names."""
+    names = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    return {n for n in names if not n.startswith("sem.mp-")}
 
 
 class Listeners:

@@ -35,7 +35,7 @@ def _first_row(path: str | Path):
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:
         for line in f:
             if line.strip():
                 try:

@@ -93,7 +93,7 @@ def jsonl_rows(path: str | Path, required: tuple[str, ...] = ()) -> Iterator[tup
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:  # a byte-order mark is not data (json.loads calls it column 1)
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
