@@ -319,3 +319,38 @@ def test_the_example_environment_runs_through_env_file_class(tmp_path, model_dir
     trained = [r for r in rows if "train/reward" in r]
     assert len(trained) == 2 and all(r["train/reward"] == 0 and r["env/turns"] >= 1 for r in trained)
     assert any("val/accuracy" in r for r in rows)  # validation runs the episodes too
+
+
+# ---------------------------------------------------------------------------------------------------
+# rlvr sft env=gsm8k_calculator
+
+
+def test_sft_for_the_calculator_keeps_the_annotations_and_trains_only_the_models_pieces(tokenizer):
+    from rlvr.tasks.prompts import get_prompt
+    from rlvr.training.sft import tokenize_prompt_and_segments
+
+    example = Example("q", "72", "48/2 = <<48/2=24>>24 clips.\n48+24 = <<48+24=72>>72.")
+    response = get_prompt("r1_zero").sft_response(example, annotations=True)
+    assert response == " 48/2 = <<48/2=24>>24 clips.\n48+24 = <<48+24=72>>72. </think> <answer> 72 </answer>"
+    segments = CalculatorEnv(example).sft_segments(response)
+    assert [t for t, trained in segments if not trained] == ["24>>", "72>>"]  # what the calculator writes
+    assert "".join(t for t, _ in segments) == response
+    tokens = tokenize_prompt_and_segments(["Q:"], [segments], tokenizer)
+    labels, mask = tokens["labels"][0], tokens["response_mask"][0]
+    assert tokenizer.decode(labels[mask.nonzero().min():]) == response  # byte-level: every piece as written
+    untrained = tokenizer.decode(labels[~mask][1:])  # (the first label is the prompt's second byte)
+    assert untrained == "24>>72>>" and int(mask.sum()) == len(response) - len("24>>72>>")
+
+
+def test_rlvr_sft_with_the_calculator_runs_and_validates_through_it(tmp_path, model_dir):
+    from rlvr.config import SFTConfig, load_config
+    from rlvr.training import sft as sft_module
+
+    cfg = load_config(SFTConfig, overrides=dict(
+        model=str(model_dir), dataset="gsm8k", env="gsm8k_calculator", out=str(tmp_path / "sft"), steps=2,
+        batch_size=2, microbatch_size=2, train_limit=4, eval_every=2, eval_limit=2, eval_max_new_tokens=8,
+        generation_dtype="float32", precision="fp32", tensorboard=False))
+    sft_module.train_sft(cfg)
+    rows = list(read_jsonl(tmp_path / "sft" / "metrics.jsonl"))
+    assert [r["step"] for r in rows] == [0, 1, 2] and "val/accuracy" in rows[-1]
+    assert all(math.isfinite(r["train/loss"]) for r in rows[1:])

@@ -61,10 +61,16 @@ class SFTConfig(TrainingFields):
     lr_schedule: Literal["constant", "cosine"] = "cosine"
     warmup_steps: int = Field(5, ge=0)
     normalize_constant: float = Field(1.0, gt=0, description="divide each sequence's summed NLL by this")
+    env: str | None = Field(None, description="train for a multi-turn environment: its SFT targets (gsm8k_calculator "
+                            "keeps GSM8K's annotations), only the model's tokens trained, validation through it")
 
     @model_validator(mode="after")
     def _check(self):
         check_eval_sampling(self)
+        if self.env is not None:
+            from rlvr.environments import environment_factory
+
+            environment_factory(self.env)
         if self.batch_size % self.microbatch_size:
             raise ValueError(f"batch_size={self.batch_size} is not a multiple of microbatch_size={self.microbatch_size}")
         if self.prompt not in SFT_PROMPTS:

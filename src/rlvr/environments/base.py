@@ -52,6 +52,7 @@ class Environment:
     max_turns: int = 4
     max_total_tokens: int | None = None
     tool_timeout_s: float = 10.0
+    sft_annotations: bool = False  # `rlvr sft env=...`: SFT targets keep GSM8K's calculator annotations
 
     def __init__(self, example: Example):
         self.example = example
@@ -59,6 +60,11 @@ class Environment:
     def step(self, text: str, ids: list[int]) -> Observation:
         """The environment's answer to a model turn that stopped at one of `stop`."""
         return Observation(done=True)
+
+    def sft_segments(self, response: str) -> list[tuple[str, bool]]:
+        """An SFT target cut into (text, written by the model) pieces: `rlvr sft env=...` tokenises each piece
+        alone, as an episode's turns and observations are, and trains only the model's pieces."""
+        return [(response, True)]
 
     def reward(self, transcript: str) -> float | dict | None:
         """The episode's reward: a number (replaces the reward function's "reward"), a dict like the reward

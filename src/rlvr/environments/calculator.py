@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import re
 
 from rlvr.environments.base import Environment, Observation, register_environment
 
@@ -82,6 +83,7 @@ class CalculatorEnv(Environment):
     stop = ("=",)
     max_turns = 32  # a turn ends at every "=", and a GSM8K solution has a few in prose besides its annotations
     tool_timeout_s = 5.0
+    sft_annotations = True
 
     def step(self, text: str, ids: list[int]) -> Observation:
         start = text.rfind("<<")
@@ -91,6 +93,17 @@ class CalculatorEnv(Environment):
             return Observation(text=format_result(evaluate(text[start + 2 : -1])) + ">>", tool_calls=1)
         except CalculatorError:
             return Observation(tool_calls=1, tool_errors=1)  # the model writes the result itself
+
+    def sft_segments(self, response: str) -> list[tuple[str, bool]]:
+        """`<<48/2=24>>`: the model writes `<<48/2=`, the calculator `24>>` (not trained)."""
+        pieces, start = [], 0
+        for match in _ANNOTATION.finditer(response):
+            pieces += [(response[start : match.start(1)], True), (response[match.start(1) : match.end()], False)]
+            start = match.end()
+        return [p for p in pieces + [(response[start:], True)] if p[0]]
+
+
+_ANNOTATION = re.compile(r"<<[^<>=]*=([^<>]*)>>")  # the expression ends at its first "=", as a model turn does
 
 
 register_environment("gsm8k_calculator", CalculatorEnv)

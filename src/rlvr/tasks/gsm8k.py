@@ -44,12 +44,13 @@ def few_shot_examples() -> list[Example]:
 _CALCULATOR = re.compile(r"<<[^<>]*>>")
 
 
-def r1_zero_response(example: Example) -> str:
+def r1_zero_response(example: Example, annotations: bool = False) -> str:
     """The r1_zero-format response for supervised training: worked steps inside the think block, then
-    the answer. GSM8K's calculator annotations (<<48/2=24>>) are removed.
+    the answer. GSM8K's calculator annotations (<<48/2=24>>) are removed, or kept with `annotations` (SFT for
+    the calculator environment, env=gsm8k_calculator).
 
     >>> r1_zero_response(Example("q", "72", "48/2 = <<48/2=24>>24 clips.\\n48+24 = <<48+24=72>>72."))
     ' 48/2 = 24 clips.\\n48+24 = 72. </think> <answer> 72 </answer>'
     """
-    steps = _CALCULATOR.sub("", example.solution).strip()
+    steps = (example.solution if annotations else _CALCULATOR.sub("", example.solution)).strip()
     return f" {steps} </think> <answer> {example.answer} </answer>"

@@ -48,11 +48,12 @@ class PromptTemplate:
         messages = [{"role": "user", "content": self.template.format(question=question)}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def sft_response(self, example: Example) -> str:
+    def sft_response(self, example: Example, annotations: bool = False) -> str:
         """The supervised target for `example` under this prompt: what the model should write after
-        `format(example.question)`, ending where generation stops."""
+        `format(example.question)`, ending where generation stops (`annotations`: GSM8K's calculator
+        annotations kept, for the calculator environment)."""
         if self.name in ("r1_zero", "r1_zero_three_shot"):
-            return r1_zero_response(example)
+            return r1_zero_response(example, annotations)
         if self.name in ("code", "code_chat"):
             return code_response(example, think=self.name == "code")
         raise ValueError(f"prompt {self.name!r} has no SFT target; prompts with one: r1_zero, r1_zero_three_shot, "

@@ -20,10 +20,12 @@ from rlvr.algorithms.policy import (
     autocast,
     get_response_log_probs,
     sft_microbatch_train_step,
+    tokenize_prompt_and_ids,
     tokenize_prompt_and_output,
 )
 from rlvr.config import SFTConfig
 from rlvr.core import checkpoint as ckpt
+from rlvr.environments import environment_factory
 from rlvr.stages.evaluation import validate
 from rlvr.tasks.datasets import load_split
 from rlvr.tasks.prompts import get_prompt
@@ -36,6 +38,21 @@ log = logging.getLogger(__name__)
 # The SFT loop.
 
 
+def tokenize_prompt_and_segments(prompts: list[str], segments: list[list[tuple[str, bool]]], tokenizer):
+    """SFT targets in (text, trained) pieces, each tokenised alone as an episode's turns and observations are
+    (`rlvr sft env=...`): the environment's pieces are context, out of the loss."""
+    ids, masks = [], []
+    for pieces in segments:
+        row, mask = [], []
+        for text, trained in pieces:
+            piece = tokenizer(text, add_special_tokens=False).input_ids
+            row += piece
+            mask += [trained] * len(piece)
+        ids.append(row)
+        masks.append(mask)
+    return tokenize_prompt_and_ids(prompts, ids, tokenizer, masks)
+
+
 def train_sft(cfg: SFTConfig) -> dict:
     done = ckpt.finished_model(Path(cfg.out))
     if done is not None:
@@ -46,8 +63,10 @@ def train_sft(cfg: SFTConfig) -> dict:
     prompt = get_prompt(cfg.prompt)
     train = load_split(cfg, "train", cfg.train_limit)
     val = load_split(cfg, "validation", cfg.eval_limit)
+    env = environment_factory(cfg.env) if cfg.env else None
+    annotations = env is not None and env.sft_annotations
     for ex in train:  # an example without a target (a code row without a solution) fails before the model loads
-        prompt.sft_response(ex)
+        prompt.sft_response(ex, annotations)
     run_dir = stages.start_run(cfg)  # (after the data's checks: a run that cannot start leaves no directory behind)
     cfg = stages.native_precision(cfg, where)
     model, tokenizer, state = stages.load_policy(cfg, run_dir, where.policy)
@@ -72,8 +91,12 @@ def train_sft(cfg: SFTConfig) -> dict:
             loss_total, tokens, nll = 0.0, 0, 0.0
             for m in range(0, cfg.batch_size, cfg.microbatch_size):
                 micro = batch[m : m + cfg.microbatch_size]
-                tok = tokenize_prompt_and_output([prompt.format(ex.question, tokenizer) for ex in micro],
-                                                 [prompt.sft_response(ex) for ex in micro], tokenizer)
+                prompts = [prompt.format(ex.question, tokenizer) for ex in micro]
+                if env is None:
+                    tok = tokenize_prompt_and_output(prompts, [prompt.sft_response(ex) for ex in micro], tokenizer)
+                else:
+                    tok = tokenize_prompt_and_segments(prompts, [env(ex).sft_segments(prompt.sft_response(
+                        ex, annotations)) for ex in micro], tokenizer)
                 with autocast(cfg.precision, model):
                     out = get_response_log_probs(model, tok["input_ids"], tok["labels"], positions=tok["response_mask"],
                                                  share_prefix=cfg.share_prefix)
