@@ -354,3 +354,28 @@ def test_rlvr_sft_with_the_calculator_runs_and_validates_through_it(tmp_path, mo
     rows = list(read_jsonl(tmp_path / "sft" / "metrics.jsonl"))
     assert [r["step"] for r in rows] == [0, 1, 2] and "val/accuracy" in rows[-1]
     assert all(math.isfinite(r["train/loss"]) for r in rows[1:])
+
+
+# ---------------------------------------------------------------------------------------------------
+# python_tool: blocks run in the sandbox
+
+
+def test_python_tool_runs_the_block_in_the_sandbox_and_returns_what_it_printed(tmp_path, model_dir):
+    from rlvr import sandbox
+    from rlvr.environments.python_tool import PythonToolEnv
+
+    sandbox.configure("bwrap")
+    env = PythonToolEnv(Example("q", "72"))
+    assert env.step("First:\n```python\nprint(48 / 2 + 48)\nprint('ok')\n```\n", []) == Observation(
+        text="```output\n72.0\nok\n```\n", tool_calls=1)
+    assert env.step("```python\nx = [1]\nx[3]\n```\n", []).text == "```output\nIndexError: list index out of range\n```\n"
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the hidden tests")
+    seen = env.step(f"```python\nprint(open({str(secret)!r}).read())\n```\n", [])
+    assert "FileNotFoundError" in seen.text and "hidden" not in seen.text  # the host's files are not there
+    slow = env.step("```python\nwhile True: pass\n```\n", [])
+    assert slow.text.startswith("```output\n(timeout") and slow.tool_errors == 1
+    assert env.step("no block here\n```\n", []) == Observation()
+    # a run with it checks the sandbox first (as code datasets do)
+    assert train_cfg(model_dir, tmp_path / "r", env="python_tool").grades_code
+    assert not train_cfg(model_dir, tmp_path / "r", env="gsm8k_calculator").grades_code

@@ -106,8 +106,15 @@ class DataFields(BaseConfig):
 
     @property
     def grades_code(self) -> bool:
-        """Whether this command runs programs in the sandbox (a code prompt, or a code reward term)."""
+        """Whether this command runs programs in the sandbox (a code prompt, a code reward term, or an
+        environment that runs them: env=python_tool)."""
         rewards = getattr(self, "rewards", None) or {}
+        env = getattr(self, "env", None)
+        if env is not None:
+            from rlvr.environments import environment_factory
+
+            if environment_factory(env).runs_programs:
+                return True
         return self.prompt in CODE_PROMPTS or any(str(name).startswith("code_tests") for name in rewards)
 
     @model_validator(mode="after")

@@ -3,6 +3,7 @@
     base        the interface a user implements (Environment, Observation) and the table of names
     __init__    environment_factory: `env=` a name, `module:Class` or `file.py:Class`
     calculator  the GSM8K paper's calculator: `<<expr=` is answered with `result>>` (a safe evaluator)
+    python_tool a fenced Python block is run in the sandbox and what it printed comes back
 
 The episodes themselves (batched decoding, the token ids the learner trains on) are rlvr.stages.episodes.
 
@@ -12,7 +13,7 @@ May import: rlvr.core, rlvr.sandbox, rlvr.grading, rlvr.tasks.
 import difflib
 
 from rlvr.core.imports import import_target
-from rlvr.environments import calculator  # noqa: F401  (registers gsm8k_calculator)
+from rlvr.environments import calculator, python_tool  # noqa: F401  (register gsm8k_calculator, python_tool)
 from rlvr.environments.base import ENVIRONMENTS, Environment, Observation, register_environment
 
 __all__ = ["ENVIRONMENTS", "Environment", "Observation", "environment_factory", "register_environment"]

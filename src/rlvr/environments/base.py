@@ -53,6 +53,7 @@ class Environment:
     max_total_tokens: int | None = None
     tool_timeout_s: float = 10.0
     sft_annotations: bool = False  # `rlvr sft env=...`: SFT targets keep GSM8K's calculator annotations
+    runs_programs: bool = False  # its tools run model-written programs: the run checks the sandbox first
 
     def __init__(self, example: Example):
         self.example = example
