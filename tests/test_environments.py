@@ -379,3 +379,37 @@ def test_python_tool_runs_the_block_in_the_sandbox_and_returns_what_it_printed(t
     # a run with it checks the sandbox first (as code datasets do)
     assert train_cfg(model_dir, tmp_path / "r", env="python_tool").grades_code
     assert not train_cfg(model_dir, tmp_path / "r", env="gsm8k_calculator").grades_code
+
+
+def test_code_feedback_shows_the_first_failing_test_and_accepts_a_fixed_program():
+    from rlvr import sandbox
+    from rlvr.environments.code_feedback import AGAIN, CodeFeedbackEnv
+    from rlvr.tasks.code import code_task
+
+    sandbox.configure("bwrap")
+    example = next(e for e in code_task("train", 20) if e.answer.startswith('{"entry_point": "no_negatives"'))
+    env = CodeFeedbackEnv(example)
+    wrong = "```python\ndef no_negatives(values):\n    return values\n```\n"
+    told = env.step(wrong, [])
+    assert told.text == ("\nA test failed: no_negatives([7, 11, -1]) gave [7, 11, -1], expected [7, 11, 0].\n"
+                         + AGAIN) and told.reward == 0.0 and not told.done
+    raises = env.step("```python\ndef no_negatives(values):\n    return values[5]\n```\n", [])
+    assert "raised IndexError" in raises.text
+    broken = env.step("```python\ndef no_negatives(values) return\n```\n", [])
+    assert "did not run to the end" in broken.text
+    assert "No complete" in env.step("I would write it.\n```\n", []).text
+    right = f"```python\n{example.solution.rstrip()}\n```\n"
+    assert env.step(right, []) == Observation(done=True, reward=1.0, tool_calls=1)
+    # with a discount, a pass on the second attempt is worth discount^1; the transcript's last block is graded
+    env.attempt_discount = 0.5
+    assert env.reward(wrong + told.text + right) == 0.5
+    assert env.reward(right) == 1.0 and env.reward(right + told.text + wrong) == 0.0
+
+
+def test_a_code_run_with_feedback_starts_checks_its_sandbox_and_logs_episodes(tmp_path, model_dir):
+    cfg = train_cfg(model_dir, tmp_path / "run", dataset="code:level=1", prompt="code", env="code_feedback",
+                    steps=1, max_new_tokens=16)
+    assert cfg.grades_code
+    train_module.train_grpo(cfg)
+    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "env/turns" in r]
+    assert len(rows) == 1 and rows[0]["env/turns"] >= 1

@@ -4,6 +4,7 @@
     __init__    environment_factory: `env=` a name, `module:Class` or `file.py:Class`
     calculator  the GSM8K paper's calculator: `<<expr=` is answered with `result>>` (a safe evaluator)
     python_tool a fenced Python block is run in the sandbox and what it printed comes back
+    code_feedback  the code task with retries: a failing program's first failing test comes back
 
 The episodes themselves (batched decoding, the token ids the learner trains on) are rlvr.stages.episodes.
 
@@ -13,7 +14,7 @@ May import: rlvr.core, rlvr.sandbox, rlvr.grading, rlvr.tasks.
 import difflib
 
 from rlvr.core.imports import import_target
-from rlvr.environments import calculator, python_tool  # noqa: F401  (register gsm8k_calculator, python_tool)
+from rlvr.environments import calculator, code_feedback, python_tool  # noqa: F401  (register the built-ins)
 from rlvr.environments.base import ENVIRONMENTS, Environment, Observation, register_environment
 
 __all__ = ["ENVIRONMENTS", "Environment", "Observation", "environment_factory", "register_environment"]

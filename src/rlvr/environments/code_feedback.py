@@ -1,0 +1,80 @@
+"""`env=code_feedback`: the code task with retries. The model writes its program (a code prompt: the turn ends at
+the block's closing fence); the program runs against the task's tests in the sandbox; if one fails, the model is
+shown that test, what the program gave (or the error it raised) and what was expected, and writes the program
+again, up to `max_turns` attempts. The reward is the run's reward function on the transcript, whose last fenced
+block is the last attempt (code_tests reads the last block); with `attempt_discount` < 1 a pass on attempt k is
+worth discount^(k-1).
+
+Showing a failing hidden test gives that test away: the later attempts are graded on the same tests, so this
+measures repair from feedback, not first-try ability (the first attempt's pass rate is logged apart:
+`env/reward_turn_1` is 1 for a first attempt that passed).
+"""
+
+from __future__ import annotations
+
+from rlvr.environments.base import Environment, Observation, register_environment
+from rlvr.grading.code import CodeTestsError, extract_code, parse_tests, passed
+from rlvr.sandbox import run_programs
+from rlvr.sandbox.records import Job
+from rlvr.tasks.prompts import CODE_STOP
+
+SHOWN_CHARS = 300  # of a value or an error in the feedback
+AGAIN = "Fix it and write the whole program again.\n"
+
+
+def _short(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+
+
+class CodeFeedbackEnv(Environment):
+    """A failing program gets its first failing test back; the model tries again."""
+
+    stop = CODE_STOP
+    max_turns = 2  # attempts
+    tool_timeout_s = 60.0
+    runs_programs = True
+    attempt_discount = 1.0
+
+    def __init__(self, example):
+        super().__init__(example)
+        self.attempts: list[bool] = []
+
+    def feedback(self, program: str | None) -> str | None:
+        """None when every test passes, else what the model is told."""
+        if program is None:
+            return "No complete ```python block was found. Write the whole program in one block."
+        try:
+            tests = parse_tests(self.example.answer)
+        except CodeTestsError:
+            return None  # nothing to test against: no feedback to give
+        result = run_programs([Job(program, tests.checks)], workers=1)[0]
+        if result.status != "ok":
+            why = result.error or result.status
+            tail = _short(result.stderr.strip().splitlines()[-1]) if result.stderr.strip() else ""
+            return f"The program did not run to the end ({why}{': ' + tail if tail else ''})."
+        ok = passed(tests, result.values)
+        if all(ok):
+            return None
+        i = ok.index(False)
+        check, got, error = tests.checks[i], result.values[i], result.errors[i]
+        gave = f"raised {error}" if error else f"gave {_short(got)}"
+        want = "" if check.kind == "true" else f", expected {_short(repr(tests.expected[i]))}"
+        return f"A test failed: {_short(check.expr)} {gave}{want}."
+
+    def step(self, text: str, ids: list[int]) -> Observation:
+        message = self.feedback(extract_code(text)[1])
+        self.attempts.append(message is None)
+        if message is None:
+            return Observation(done=True, reward=1.0, tool_calls=1)
+        return Observation(text=f"\n{message}\n{AGAIN}", reward=0.0, tool_calls=1)
+
+    def reward(self, transcript: str) -> float | None:
+        if self.attempt_discount == 1.0:
+            return None  # the run's reward function grades the last program
+        # the last attempt (the episode's last turn is not stepped: it is graded here)
+        right = self.feedback(extract_code(transcript)[1]) is None
+        return float(right) * self.attempt_discount ** transcript.count(AGAIN)
+
+
+register_environment("code_feedback", CodeFeedbackEnv)
