@@ -269,6 +269,10 @@ class Hint(Environment):
 
     def step(self, text, ids):
         return Observation(text=" ok", tool_calls=1)
+
+
+class Letters(Hint):
+    stop = tuple("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 '''
 
 
@@ -413,3 +417,19 @@ def test_a_code_run_with_feedback_starts_checks_its_sandbox_and_logs_episodes(tm
     train_module.train_grpo(cfg)
     rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "env/turns" in r]
     assert len(rows) == 1 and rows[0]["env/turns"] >= 1
+
+
+def test_rlvr_eval_runs_episodes_and_dpo_refuses_an_environment(tmp_path, model_dir):
+    from rlvr.config import DPOConfig, EvalConfig, load_config
+    from rlvr.stages.evaluation import run_eval
+
+    (tmp_path / "my_env.py").write_text(USER_ENV)
+    cfg = load_config(EvalConfig, overrides=dict(model=str(model_dir), dataset="arithmetic", limit=2, samples=2,
+                                                 max_new_tokens=12, env=f"{tmp_path / 'my_env.py'}:Letters",
+                                                 out=str(tmp_path / "eval")))
+    run_eval(cfg)
+    records = [json.loads(line) for line in (tmp_path / "eval" / "results.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and all(r["turns"] >= 1 and "end" in r for r in records)
+    assert any(" ok" in r["response"] for r in records)
+    with pytest.raises(ConfigError, match="single-turn"):
+        load_config(DPOConfig, overrides=dict(model=str(model_dir), env="gsm8k_calculator"))

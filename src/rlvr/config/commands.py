@@ -61,16 +61,10 @@ class SFTConfig(TrainingFields):
     lr_schedule: Literal["constant", "cosine"] = "cosine"
     warmup_steps: int = Field(5, ge=0)
     normalize_constant: float = Field(1.0, gt=0, description="divide each sequence's summed NLL by this")
-    env: str | None = Field(None, description="train for a multi-turn environment: its SFT targets (gsm8k_calculator "
-                            "keeps GSM8K's annotations), only the model's tokens trained, validation through it")
 
     @model_validator(mode="after")
     def _check(self):
         check_eval_sampling(self)
-        if self.env is not None:
-            from rlvr.environments import environment_factory
-
-            environment_factory(self.env)
         if self.batch_size % self.microbatch_size:
             raise ValueError(f"batch_size={self.batch_size} is not a multiple of microbatch_size={self.microbatch_size}")
         if self.prompt not in SFT_PROMPTS:
@@ -127,8 +121,6 @@ class TrainConfig(TrainingFields):
                                              "overlong punishment (with overlong_buffer)")
     overlong_buffer: int | None = Field(None, ge=1, description="rewards' overlong term: the last N tokens before "
                                         "max_new_tokens, over which the penalty falls from 0 to -1")
-    env: str | None = Field(None, description="a multi-turn environment (rlvr.environments): gsm8k_calculator, or "
-                            "your own class as path/to/env.py:Class or package.module:Class")
     # logging
     log_rollouts_every: int = Field(5, ge=0, description="append the batch's rollouts to rollouts.jsonl every N steps")
     learning_rate: float = Field(1e-5, gt=0)
@@ -223,9 +215,6 @@ class TrainConfig(TrainingFields):
             raise ValueError("curriculum.first_pass runs in the local loop only (the driver has no engine); the "
                              "curriculum itself works in distributed mode: set curriculum.first_pass=0")
         if self.env is not None:
-            from rlvr.environments import environment_factory
-
-            environment_factory(self.env)  # an unknown name or a file that does not import fails here
             if self.distributed.enabled:
                 raise ValueError(f"env={self.env}: multi-turn environments run in the local loop only (the rollout "
                                  "workers generate single turns); set distributed.rollout_workers=0 "
@@ -281,6 +270,8 @@ class DPOConfig(TrainingFields):
         check_eval_sampling(self)
         if self.pairs != "rollouts" and not self.pairs.endswith(".jsonl"):
             raise ValueError(f"pairs={self.pairs!r}: expected 'rollouts' or a .jsonl path")
+        if self.env is not None:
+            raise ValueError(f"env={self.env}: rlvr dpo builds its pairs from single-turn rollouts; remove env")
         return self
 
 

@@ -103,6 +103,9 @@ class DataFields(BaseConfig):
     entry_point_field: str = Field("entry_point", description="code JSONL datasets: the tested function's name")
     seed: int = 0
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    env: str | None = Field(None, description="a multi-turn environment (rlvr.environments): gsm8k_calculator, "
+                            "python_tool, code_feedback, or your own class as path/to/env.py:Class or "
+                            "package.module:Class; rlvr sft trains for it (its SFT targets, the model's tokens)")
 
     @property
     def grades_code(self) -> bool:
@@ -122,6 +125,10 @@ class DataFields(BaseConfig):
         from rlvr.tasks.datasets import is_code_dataset
         from rlvr.tasks.records import DataError  # lazily: configs stay cheap to import
 
+        if self.env is not None:
+            from rlvr.environments import environment_factory
+
+            environment_factory(self.env)  # an unknown name or a file that does not import fails here
         try:
             code = is_code_dataset(self.dataset, self.tests_field)
         except DataError:  # a file not there yet (or unreadable): loading the data reports it

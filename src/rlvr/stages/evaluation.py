@@ -190,7 +190,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size, dtype=dtype)
     sampling = sampling_params(cfg, stop=prompt.stop, seed=cfg.seed)
     with tqdm(total=len(examples) * cfg.samples, unit="completion", desc=f"eval {cfg.prompt}") as bar:
-        result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer, progress=bar.update)
+        result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer, progress=bar.update, env=cfg.env)
     result.summary.update(model=cfg.model, prompt=cfg.prompt, dataset=cfg.dataset, split=cfg.split)
     write_results(out, result)
     print_summary(result, title=f"{cfg.model} · {cfg.prompt} · {cfg.dataset}/{cfg.split}",
