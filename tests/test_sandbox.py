@@ -337,3 +337,26 @@ def test_is_checks_mean_the_singleton_not_an_equal_value():
     truth = code_answer(["assert f(1) is True", "assert f(0) is None"], "f")
     assert grade_programs(["def f(x):\n    return 1 if x else 0"], [truth], LIMITS) == [(0, 2)]
     assert grade_programs(["def f(x):\n    return True if x else None"], [truth], LIMITS) == [(2, 2)]
+
+
+def test_sandboxes_at_once_are_bounded_across_every_caller(monkeypatch, default_grading):
+    # environments' tools call run_programs from one thread per episode: `workers` bounds the process, not a call
+    sandbox_module.configure("bwrap", workers=2)
+    running, most, guard = [0], [0], threading.Lock()
+
+    def fake(job, limits=None, mode=None):
+        with guard:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        with guard:
+            running[0] -= 1
+        return sandbox_module.ProgramResult("ok", [], [], 0.05)
+
+    monkeypatch.setattr(sandbox_module, "run_program", fake)
+    callers = [threading.Thread(target=run_programs, args=([Job("x = 1", ())] * 3,)) for _ in range(4)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    assert most[0] == 2  # 4 callers x 3 jobs, each call allowed 2 of its own: still 2 at once in all

@@ -10,14 +10,13 @@ sandbox (rlvr.sandbox: bubblewrap + seccomp, fails closed) and what it printed c
 
 as many times as the model asks (up to `max_turns` turns), then the model writes its answer. An exception is
 returned as its last line (`ZeroDivisionError: division by zero`); a program that runs out of time or memory
-gets one line saying so. The program runs with the sandbox's limits (`sandbox.*`), at most
-`sandbox.default_workers()` at once across every episode of a step.
+gets one line saying so. The program runs with the sandbox's limits (`sandbox.*`), at most `sandbox.workers` at
+once across every episode of a step (the sandbox's own process-wide bound).
 """
 
 from __future__ import annotations
 
 import ast
-import threading
 
 from rlvr import sandbox
 from rlvr.environments.base import Environment, Observation, register_environment
@@ -35,23 +34,12 @@ except BaseException as _e:
     _out.write("".join(_t.format_exception_only(type(_e), _e)))
 OUTPUT = _out.getvalue()[-{chars}:]
 """
-_running: threading.BoundedSemaphore | None = None
-_lock = threading.Lock()
-
-
-def _slot() -> threading.BoundedSemaphore:
-    global _running
-    with _lock:
-        if _running is None:
-            _running = threading.BoundedSemaphore(sandbox.default_workers())
-        return _running
 
 
 def run_python(code: str) -> str:
     """What `code` printed in the sandbox (its tail), or one line on why it stopped."""
-    with _slot():
-        result = sandbox.run_programs([Job(_WRAPPER.format(code=code, chars=OUTPUT_CHARS), (Check("OUTPUT"),))],
-                                      workers=1)[0]
+    job = Job(_WRAPPER.format(code=code, chars=OUTPUT_CHARS), (Check("OUTPUT"),))
+    result = sandbox.run_programs([job], workers=1)[0]  # the sandbox bounds the programs at once, process-wide
     if result.status == "ok" and result.values and result.values[0] is not None:
         try:
             return str(ast.literal_eval(result.values[0]))

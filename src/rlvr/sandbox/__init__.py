@@ -30,7 +30,8 @@ missing and how to get it: grading never silently falls back.
 
 Budgets: each sandbox may use `processes` processes of `memory_mb` address space each, `cpu_seconds` of CPU,
 a `2 x file_mb` tmpfs, `output_kb` of output and `timeout` seconds of wall time; at most `workers` sandboxes run
-at once (default 2 per CPU this process may use: its affinity and cgroup quota). So the pool as a whole holds at
+at once in the process, however many threads grade (default 2 per CPU this process may use: its affinity and
+cgroup quota). So the pool as a whole holds at
 most workers x processes x memory_mb of address space plus workers x 2 x file_mb of tmpfs (`budget()`).
 
 May import: nothing else of rlvr (it sits beside rlvr.core, below everything that grades).
@@ -296,6 +297,23 @@ _STATS_KEY = {"ok": "ok", "timeout": "timeouts", "crashed": "crashes", "memory":
               "output_limit": "output_kills", "syntax_error": "syntax_errors", "load_error": "load_errors"}
 _STATS = dict.fromkeys(("programs", *_STATS_KEY.values(), "limits_only"), 0)
 _lock = threading.Lock()
+_slots: tuple[int, threading.BoundedSemaphore] | None = None
+
+
+def _slot() -> threading.BoundedSemaphore:
+    """The process-wide bound on sandboxes at once (`default_workers()`), shared by every caller: the graders
+    and environments' tools, which call run_programs from several threads side by side."""
+    global _slots
+    workers = default_workers()
+    with _lock:
+        if _slots is None or _slots[0] != workers:  # configure(workers=...) changed it
+            _slots = (workers, threading.BoundedSemaphore(workers))
+        return _slots[1]
+
+
+def _bounded(slot: threading.BoundedSemaphore, job: Job, limits: SandboxLimits | None, mode: str) -> ProgramResult:
+    with slot:
+        return run_program(job, limits, mode)
 
 
 def sandbox_stats() -> dict[str, int]:
@@ -306,15 +324,17 @@ def sandbox_stats() -> dict[str, int]:
 
 
 def run_programs(jobs: list[Job], limits: SandboxLimits | None = None, workers: int | None = None) -> list[ProgramResult]:
-    """Run every job in its own sandbox, `workers` at a time; results in the order of `jobs`. Raises
-    SandboxUnavailable (before running anything) where the configured isolation cannot be had."""
+    """Run every job in its own sandbox, `workers` at a time, and never more than `default_workers()` at once in
+    this process, whoever calls; results in the order of `jobs`. Raises SandboxUnavailable (before running
+    anything) where the configured isolation cannot be had."""
     if not jobs:
         return []
     mode = _settings.isolation
     if mode == "bwrap":
         require()
+    slot = _slot()
     with ThreadPoolExecutor(max_workers=min(len(jobs), workers or default_workers())) as pool:
-        results = list(pool.map(lambda job: run_program(job, limits, mode), jobs))
+        results = list(pool.map(lambda job: _bounded(slot, job, limits, mode), jobs))
     with _lock:
         _STATS["programs"] += len(results)
         _STATS["limits_only"] += len(results) if mode == "limits_only" else 0
