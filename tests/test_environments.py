@@ -433,3 +433,32 @@ def test_rlvr_eval_runs_episodes_and_dpo_refuses_an_environment(tmp_path, model_
     assert any(" ok" in r["response"] for r in records)
     with pytest.raises(ConfigError, match="single-turn"):
         load_config(DPOConfig, overrides=dict(model=str(model_dir), env="gsm8k_calculator"))
+
+
+def test_the_curriculum_s_first_pass_samples_episodes_too(tmp_path, model_dir, monkeypatch):
+    from rlvr import stages
+    from rlvr.stages import episodes
+
+    (tmp_path / "my_env.py").write_text(USER_ENV)
+    during, calls = [False], []
+    real_episodes, real_first_pass = episodes.run_episodes, stages.first_pass
+
+    def spy(*args, **kwargs):
+        calls.append((during[0], len(args[3])))
+        return real_episodes(*args, **kwargs)
+
+    def first_pass(*args, **kwargs):
+        during[0] = True
+        try:
+            return real_first_pass(*args, **kwargs)
+        finally:
+            during[0] = False
+
+    monkeypatch.setattr(episodes, "run_episodes", spy)
+    monkeypatch.setattr(stages, "first_pass", first_pass)
+    train_module.train_grpo(train_cfg(model_dir, tmp_path / "run", env=f"{tmp_path / 'my_env.py'}:Hint", steps=1,
+                                      **{"curriculum.enabled": True, "curriculum.first_pass": 4}))
+    first = next(r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "time/curriculum_first_pass" in r)
+    assert first["curriculum/seen"] == 4
+    # the first pass: 4 questions, 2 a batch (8 rollouts of group 4), each batch as episodes
+    assert [n for inside, n in calls if inside] == [2, 2]

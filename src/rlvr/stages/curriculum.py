@@ -69,10 +69,13 @@ class Curriculum:
         self.last = self._batch_metrics(chosen, pools)
         return chosen
 
+    def pool_metrics(self, pools: dict[str, list[int]]) -> dict[str, float]:
+        return {**{f"curriculum/{name}": float(len(ids)) for name, ids in pools.items()},
+                "curriculum/seen": float(len(self.stats))}
+
     def _batch_metrics(self, chosen: list[int], pools: dict[str, list[int]]) -> dict[str, float]:
         known = [self.stats[i] for i in chosen if i in self.stats]
-        out = {f"curriculum/{name}": float(len(ids)) for name, ids in pools.items()}
-        out["curriculum/seen"] = float(len(self.stats))
+        out = self.pool_metrics(pools)
         out["curriculum/batch_seen_fraction"] = len(known) / len(chosen) if chosen else 0.0
         if known:  # the pass rate this batch was expected to have, from what its questions did before
             out["curriculum/batch_expected_pass_rate"] = sum(right / n for n, right in known) / len(known)
@@ -136,6 +139,7 @@ def first_pass(sampler, engine, model, train: list[Example], prompt, tokenizer, 
     group_size times each and scored, to seed the statistics; nothing is trained. Returns what it logs."""
     import time
 
+    from rlvr.stages.episodes import generate
     from rlvr.stages.rollouts import Rollouts, rollout_sampling, score_completions
 
     start = time.perf_counter()
@@ -147,8 +151,7 @@ def first_pass(sampler, engine, model, train: list[Example], prompt, tokenizer, 
         questions = [train[i] for i in order.take(min(per_batch, left))]
         left -= len(questions)
         prompts = [prompt.format(q.question, tokenizer) for q in questions]
-        rollouts = Rollouts(questions, prompts, engine.generate(prompts, rollout_sampling(cfg, prompt, 0)))
+        sampling = rollout_sampling(cfg, prompt, 0)
+        rollouts = Rollouts(questions, prompts, generate(engine, cfg.env, questions, prompts, sampling, tokenizer))
         sampler.record(questions, rollouts.completions, score_completions(reward_fn, rollouts, cfg)[0])
-    pools = sampler.pools()
-    return {**{f"curriculum/{name}": float(len(ids)) for name, ids in pools.items()},
-            "curriculum/seen": float(len(sampler.stats)), "time/curriculum_first_pass": time.perf_counter() - start}
+    return {**sampler.pool_metrics(sampler.pools()), "time/curriculum_first_pass": time.perf_counter() - start}

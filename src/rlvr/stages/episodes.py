@@ -30,7 +30,7 @@ import time
 from concurrent import futures
 
 from rlvr.engines.base import Completion, RolloutEngine, SamplingParams
-from rlvr.environments import Environment, Observation
+from rlvr.environments import Environment, Observation, environment_factory
 from rlvr.tasks.records import Example
 
 NAN = math.nan
@@ -103,6 +103,15 @@ def _steps(episodes: list[_Episode], turns: list[Completion], pool: futures.Exec
     return out
 
 
+def generate(engine: RolloutEngine, env: str | None, questions: list[Example], prompts: list[str],
+             sampling: SamplingParams, tokenizer, progress=None) -> list[Completion]:
+    """len(prompts) * sampling.n completions, prompt-major: the engine's single turns, or with `env` (a name or
+    import path, `env=`) one multi-turn episode each. Training, validation and `rlvr eval` all generate here."""
+    if env is None:
+        return engine.generate(prompts, sampling, progress=progress)
+    return run_episodes(engine, environment_factory(env), questions, prompts, sampling, tokenizer, progress)
+
+
 def run_episodes(engine: RolloutEngine, env_cls: type[Environment], questions: list[Example], prompts: list[str],
                  sampling: SamplingParams, tokenizer, progress=None) -> list[Completion]:
     """len(prompts) * sampling.n episodes, prompt-major as engine.generate returns completions."""
@@ -137,7 +146,8 @@ def run_episodes(engine: RolloutEngine, env_cls: type[Environment], questions: l
                 if result is None:
                     e.end, e.error = "tool_timeout", f"step took over {env_cls.tool_timeout_s:g} s"
                 elif isinstance(result, BaseException):
-                    e.end, e.error, e.tool_errors = "tool_error", f"{type(result).__name__}: {result}", e.tool_errors + 1
+                    e.end, e.error = "tool_error", f"{type(result).__name__}: {result}"
+                    e.tool_errors += 1
                 else:
                     e.tool_calls += result.tool_calls
                     e.tool_errors += result.tool_errors

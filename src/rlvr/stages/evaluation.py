@@ -20,9 +20,8 @@ import torch
 from rlvr.config import EvalConfig, TrainingFields, sampling_params
 from rlvr.core import checkpoint as ckpt
 from rlvr.core.models import cache_dir
-from rlvr.engines.base import Completion, RolloutEngine, SamplingParams
-from rlvr.environments import environment_factory
-from rlvr.stages.episodes import apply_env_rewards, run_episodes
+from rlvr.engines.base import RolloutEngine, SamplingParams
+from rlvr.stages.episodes import apply_env_rewards, generate
 from rlvr.tasks.prompts import PromptTemplate
 from rlvr.tasks.records import Example
 from rlvr.tasks.rewards import get_reward_fn, score_batch
@@ -102,10 +101,7 @@ def evaluate(
     prompts = [prompt.format(ex.question, tokenizer) for ex in examples]
     if prompt.stop and not sampling.stop:
         sampling = dataclasses.replace(sampling, stop=prompt.stop)
-    if env is None:
-        completions: list[Completion] = engine.generate(prompts, sampling, progress=progress)
-    else:
-        completions = run_episodes(engine, environment_factory(env), examples, prompts, sampling, tokenizer, progress)
+    completions = generate(engine, env, examples, prompts, sampling, tokenizer, progress)
     truths = [examples[c.prompt_index].answer for c in completions]
     scores, _ = score_batch(reward_fn, [c.text for c in completions], truths)
     apply_env_rewards(scores, completions)

@@ -18,8 +18,7 @@ from rlvr.algorithms.spec import EstimatorSpec, compute_advantages
 from rlvr.algorithms.update import TrainBatch
 from rlvr.config import TrainConfig, sampling_params
 from rlvr.engines.base import Completion, RolloutEngine
-from rlvr.environments import environment_factory
-from rlvr.stages.episodes import apply_env_rewards, run_episodes
+from rlvr.stages.episodes import apply_env_rewards, generate
 from rlvr.tasks.prompts import PromptTemplate
 from rlvr.tasks.records import DataOrder, Example
 from rlvr.tasks.rewards import combine_rewards, format_reward_fn, get_reward_fn, score_batch
@@ -106,22 +105,12 @@ def rollout_sampling(cfg: TrainConfig, prompt: PromptTemplate, step: int):
     return dataclasses.replace(sampling, logprobs=True)
 
 
-def generate(engine: RolloutEngine, questions: list[Example], prompts: list[str], sampling, tokenizer,
-             cfg) -> list[Completion]:
-    """The completions of a batch of prompts: one turn each, or with `env=` one multi-turn episode each
-    (rlvr.stages.episodes)."""
-    env = getattr(cfg, "env", None)
-    if env is None:
-        return engine.generate(prompts, sampling)
-    return run_episodes(engine, environment_factory(env), questions, prompts, sampling, tokenizer)
-
-
 def collect_rollouts(engine: RolloutEngine, model, train: list[Example], order: DataOrder, prompt: PromptTemplate,
                      tokenizer, cfg: TrainConfig, step: int) -> Rollouts:
     questions, prompts = next_questions(train, order, prompt, tokenizer, cfg)
     engine.sync_weights(model)
-    return Rollouts(questions, prompts, generate(engine, questions, prompts, rollout_sampling(cfg, prompt, step),
-                                                 tokenizer, cfg))
+    sampling = rollout_sampling(cfg, prompt, step)
+    return Rollouts(questions, prompts, generate(engine, cfg.env, questions, prompts, sampling, tokenizer))
 
 
 def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: DataOrder, prompt: PromptTemplate,
@@ -156,7 +145,7 @@ def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
         new_q, new_p = next_questions(train, order, prompt, tokenizer, cfg, count=count)
         sampling = rollout_sampling(cfg, prompt, step)
         sampling = dataclasses.replace(sampling, seed=sampling.seed + 1_000_000_007 * rounds)
-        batch = Rollouts(new_q, new_p, generate(engine, new_q, new_p, sampling, tokenizer, cfg))
+        batch = Rollouts(new_q, new_p, generate(engine, cfg.env, new_q, new_p, sampling, tokenizer))
         rounds += 1
         scores, counts = score_completions(reward_fn, batch, cfg)
         for name, value in counts.items():
