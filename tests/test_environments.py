@@ -462,3 +462,20 @@ def test_the_curriculum_s_first_pass_samples_episodes_too(tmp_path, model_dir, m
     assert first["curriculum/seen"] == 4
     # the first pass: 4 questions, 2 a batch (8 rollouts of group 4), each batch as episodes
     assert [n for inside, n in calls if inside] == [2, 2]
+
+
+def test_an_environment_s_reward_replaces_the_reward_function_s():
+    from rlvr.engines.base import Completion
+    from rlvr.stages.episodes import apply_env_rewards
+
+    def episode(reward):
+        return Completion(0, 0, "t", [1], "stop", episode={"reward": reward})
+
+    scores = [{"reward": 0.2, "format_reward": 1.0, "answer_reward": 0.0} for _ in range(4)]
+    completions = [episode(None), episode(0.7), episode({"reward": 0.5, "format_reward": 0.0, "answer_reward": 1.0}),
+                   Completion(0, 1, "t", [1], "stop")]
+    assert apply_env_rewards(scores, completions) == [
+        {"reward": 0.2, "format_reward": 1.0, "answer_reward": 0.0},  # None: the reward function's score
+        {"reward": 0.7, "format_reward": 1.0, "answer_reward": 0.0},  # a number: the reward only
+        {"reward": 0.5, "format_reward": 0.0, "answer_reward": 1.0},  # a dict: the whole score
+        {"reward": 0.2, "format_reward": 1.0, "answer_reward": 0.0}]  # a single-turn completion: untouched
