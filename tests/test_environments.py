@@ -135,6 +135,8 @@ def test_the_learner_trains_the_ids_the_sampler_produced_and_scores_them_as_it_d
     assert metrics["env/reward_turn_1"] == pytest.approx(
         sum(c.episode["turn_rewards"][0] for c in episodes if c.episode["turn_rewards"]) /
         sum(1 for c in episodes if c.episode["turn_rewards"]))
+    assert metrics["env/first_turn_reward"] == pytest.approx(
+        sum(c.episode["turn_rewards"][0] for c in episodes if c.episode["turn_rewards"]) / 8)
 
 
 def test_a_one_turn_episode_is_the_single_turn_completion(tiny_model, tokenizer):
@@ -247,6 +249,8 @@ def test_every_way_an_episode_ends(tiny_model, tokenizer):
     assert timed_out and all("late" not in c.text for c in timed_out)
     assert episode_metrics(slow)["env/tool_timeouts"] == len(timed_out)
     assert waited < 1.5 * 3  # the steps waited side by side, not one timeout after another
+    # the rounds' wall time is shared out among the episodes stepped in them: its sum is the time spent stepping
+    assert 0.2 <= episode_metrics(slow)["time/env_tools"] <= waited  # one round, which waited its timeout
 
     _, _, done = _episodes(tiny_model, tokenizer, env=Done)
     assert {c.episode["end"] for c in done} <= {"done", "answer"} and any(c.episode["end"] == "done" for c in done)
@@ -415,8 +419,12 @@ def test_a_code_run_with_feedback_starts_checks_its_sandbox_and_logs_episodes(tm
                     steps=1, max_new_tokens=16)
     assert cfg.grades_code
     train_module.train_grpo(cfg)
-    rows = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "env/turns" in r]
-    assert len(rows) == 1 and rows[0]["env/turns"] >= 1
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    trained = [r for r in rows if "env/turns" in r]
+    assert len(trained) == 1 and trained[0]["env/turns"] >= 1
+    # validation ran the episodes too: the first attempts' pass rate beside the last's (val/accuracy)
+    validated = [r for r in rows if "val/accuracy" in r]
+    assert validated and all(0 <= r["val/env/first_turn_reward"] <= 1 and r["val/env/turns"] >= 1 for r in validated)
 
 
 def test_rlvr_eval_runs_episodes_and_dpo_refuses_an_environment(tmp_path, model_dir):
@@ -429,7 +437,9 @@ def test_rlvr_eval_runs_episodes_and_dpo_refuses_an_environment(tmp_path, model_
                                                  out=str(tmp_path / "eval")))
     run_eval(cfg)
     records = [json.loads(line) for line in (tmp_path / "eval" / "results.jsonl").read_text().splitlines()]
-    assert len(records) == 4 and all(r["turns"] >= 1 and "end" in r for r in records)
+    assert len(records) == 4 and all(r["turns"] >= 1 and "end" in r and "turn_rewards" in r for r in records)
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["env"]["env/turns"] == sum(r["turns"] for r in records) / 4
     assert any(" ok" in r["response"] for r in records)
     with pytest.raises(ConfigError, match="single-turn"):
         load_config(DPOConfig, overrides=dict(model=str(model_dir), env="gsm8k_calculator"))
@@ -479,3 +489,79 @@ def test_an_environment_s_reward_replaces_the_reward_function_s():
         {"reward": 0.7, "format_reward": 1.0, "answer_reward": 0.0},  # a number: the reward only
         {"reward": 0.5, "format_reward": 0.0, "answer_reward": 1.0},  # a dict: the whole score
         {"reward": 0.2, "format_reward": 1.0, "answer_reward": 0.0}]  # a single-turn completion: untouched
+
+
+# ---------------------------------------------------------------------------------------------------
+# Continuing an episode from the engine's KV cache
+
+
+@pytest.mark.parametrize("fast_decode", [True, False])
+def test_continuing_from_kept_kv_samples_what_prefilling_the_history_samples(tiny_model, tokenizer, fast_decode):
+    # turn 1 with G=4 (the shared-prefix decoder) keeps each row's KV; turn 2's prompts continue them, plus one
+    # prompt with nothing kept, in the same call: the same ids and log-probs as an engine that prefills everything
+    kept = HFEngine(tiny_model, tokenizer, dtype="float32", fast_decode=fast_decode)
+    plain = HFEngine(tiny_model, tokenizer, dtype="float32", fast_decode=fast_decode, prefix_cache_mib=0)
+    first = SamplingParams(temperature=1.0, max_new_tokens=30, n=4, seed=5, stop=LETTERS, logprobs=True,
+                           keep_cache=True)
+    prompts = ["Q: 2+2?\nA:", "Q: 13+4?\nA:"]
+    turn1 = kept.generate(prompts, first)
+    assert [c.token_ids for c in turn1] == [c.token_ids for c in plain.generate(prompts, first)]
+    continued = [c for c in turn1 if c.finish_reason == "stop" and c.token_ids[-1] != 1]
+    assert len(kept.prefix_cache) == len(continued) >= 4
+    obs = tokenizer(OBS, add_special_tokens=False).input_ids
+    history = [tokenizer(prompts[c.prompt_index], add_special_tokens=False).input_ids + c.token_ids + obs
+               for c in continued] + [tokenizer("Q: 9+9?\nA:", add_special_tokens=False).input_ids]
+    second = SamplingParams(temperature=1.0, max_new_tokens=20, seed=6, logprobs=True, entropy=True)
+    before = dict(kept.stats)
+    a, b = kept.generate(history, second), plain.generate(history, second)
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    for x, y in zip(a, b):
+        torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5, rtol=0)
+        torch.testing.assert_close(torch.tensor(x.entropies), torch.tensor(y.entropies), atol=1e-5, rtol=0)
+    # every continued row fed only its last sampled id and the observation; the kept KV is used once
+    fed = kept.stats["prefill_tokens"] - before["prefill_tokens"]
+    reused = kept.stats["cached_tokens"] - before["cached_tokens"]
+    assert reused == sum(len(h) for h in history) - fed
+    widest = max(len(obs) + 1, len(history[-1]))  # the columns fed: the new prompt's, or an observation and one id
+    assert fed == sum(min(len(h), widest) for h in history)
+    assert len(kept.prefix_cache) == 0
+
+
+def test_kept_kv_is_dropped_when_the_weights_change_and_beyond_its_memory(tiny_model, tokenizer):
+    from rlvr.engines.kv_cache import PrefixCache
+
+    engine = HFEngine(tiny_model, tokenizer, dtype="float32")
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=30, n=4, seed=5, stop=LETTERS, keep_cache=True)
+    engine.generate(["Q: 2+2?\nA:"], sampling)
+    assert len(engine.prefix_cache) > 0
+    engine.sync_weights(tiny_model)  # the engine shares the policy: its weights may have changed in place
+    assert len(engine.prefix_cache) == 0
+    # the cache by hand: the longest kept prefix wins, at most all but the prompt's last id, oldest dropped first
+    cache = PrefixCache(max_bytes=3 * 4 * 8)
+    one, two = torch.zeros(1, 2, 1, 2, 2), torch.ones(1, 2, 1, 4, 2)  # 8 and 16 floats
+    cache.put([1, 2], one)
+    cache.put([1, 2, 3, 4], two)
+    assert cache.lookup([1, 2, 3, 4, 5])[:1] == (4,) and cache.lookup([1, 2, 3, 4])[0] == 3
+    assert cache.lookup([1, 2, 9])[0] == 2 and cache.lookup([7, 1, 2])[1] is None
+    cache.put([5, 6, 7, 8], two)  # 40 floats > 24: the two oldest go
+    assert list(cache.entries) == [(5, 6, 7, 8)] and cache.bytes == 64
+
+
+def test_episodes_with_and_without_kept_kv_are_the_same_episodes(tiny_model, tokenizer):
+    questions = [Example("2+2", "4"), Example("3+4", "7")]
+    prompts = ["Q: 2+2?\nA:", "Q: 3+4?\nA:"]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=40, n=4, seed=3, logprobs=True, stop=("Z!",))
+    out = {}
+    for mib in (1024, 0):
+        engine = HFEngine(tiny_model, tokenizer, dtype="float32", prefix_cache_mib=mib)
+        out[mib] = run_episodes(engine, Echo, questions, prompts, sampling, tokenizer), engine
+    (kept, engine), (plain, _) = out[1024], out[0]
+    assert sum(c.episode["turns"] >= 2 for c in kept) >= 4
+    assert [c.token_ids for c in kept] == [c.token_ids for c in plain]
+    assert [c.loss_mask for c in kept] == [c.loss_mask for c in plain]
+    assert [c.text for c in kept] == [c.text for c in plain]
+    a = torch.tensor([x for c in kept for x in c.logprobs])
+    b = torch.tensor([x for c in plain for x in c.logprobs])
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0, equal_nan=True)
+    assert engine.stats["cached_tokens"] > engine.stats["prefill_tokens"] / 2
+    assert len(engine.prefix_cache) == 0  # nothing kept once the episodes are over

@@ -48,7 +48,8 @@ class RolloutWorker:
                                              "distributed.rollout_num_gpus")
         dtype = native_dtype(self.cfg.generation_dtype, device)  # loaded in it: no fp32 copy beside the engine's
         model, self.tokenizer = load_model(self.cfg.model, dtype=dtype, device=device)
-        self.engine = HFEngine(model, self.tokenizer, batch_size=self.cfg.generation_batch_size, dtype=dtype)
+        self.engine = HFEngine(model, self.tokenizer, batch_size=self.cfg.generation_batch_size, dtype=dtype,
+                               prefix_cache_mib=self.cfg.env_cache_mib)
         self.index, self.version = index, -1
 
     def set_weights(self, weights: dict, version: int) -> int:

@@ -33,6 +33,9 @@ class SamplingParams:
     seed: int = 0
     logprobs: bool = False  # return each generated token's log-prob under softmax(logits / temperature)
     entropy: bool = False  # return the entropy of softmax(logits / temperature) at each generated token
+    # a later call will likely continue these completions (a multi-turn episode's turn): an engine with a prefix
+    # cache keeps their KV so that call prefills only its new ids; engines without one ignore it
+    keep_cache: bool = False
 
     def __post_init__(self):
         checks = [

@@ -24,7 +24,7 @@ from rlvr.core.devices import input_device
 from rlvr.core.models import cache_keyword
 from rlvr.engines import decode_llama
 from rlvr.engines.base import Completion, SamplingParams
-from rlvr.engines.kv_cache import preallocated_cache
+from rlvr.engines.kv_cache import PrefixCache, fill_cache, preallocated_cache, row_kv
 from rlvr.engines.sampling import apply_repetition_penalty, row_key, sample_tokens, stop_candidates, uniforms
 
 # ----------------------------------------------------------------------------------------------------
@@ -108,17 +108,20 @@ class HFEngine:
     """Batched sampling from a transformers causal LM (CPU or GPU)."""
 
     def __init__(self, model, tokenizer, batch_size: int = 64, dtype: str | None = None, compact_fraction: float = 0.25,
-                 fast_decode: bool = True, device=None):
+                 fast_decode: bool = True, device=None, prefix_cache_mib: int = 1024):
         """`dtype` or `device` different from the model's makes a private copy in that dtype on that device
         (synced by sync_weights, device to device); a LoRA policy gets a plain copy with the adapter merged in,
         a policy split over several devices a whole copy on `device` (default: the policy's input device).
         `compact_fraction`: finished rows leave the batch once they are this share of it. `fast_decode`: decode
         Llama-architecture models on the CPU with rlvr.engines.decode_llama (fused weights, shared-prefix attention)
-        instead of the transformers forward."""
+        instead of the transformers forward. `prefix_cache_mib`: memory for the KV of completions generated with
+        `SamplingParams.keep_cache` (kv_cache.PrefixCache), which a later prompt that continues one of them reuses
+        instead of prefilling it again (0: none)."""
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.compact_fraction = compact_fraction
         self.model = model
+        self.prefix_cache = PrefixCache(prefix_cache_mib * 2**20) if prefix_cache_mib else None
         policy_dtype = next(model.parameters()).dtype
         target = torch.device(device) if device is not None else input_device(model)
         if target.type == "cuda" and target.index is None:  # "cuda" means the current device, as parameters say
@@ -137,12 +140,18 @@ class HFEngine:
         unk = tokenizer.unk_token_id if tokenizer.unk_token != "<|endoftext|>" else None
         self.eos_ids = sorted({int(e) for e in eos if e is not None and e != unk})
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
-        self.stats = {"generated_tokens": 0, "seconds": 0.0}
+        self.stats = {"generated_tokens": 0, "seconds": 0.0, "prefill_tokens": 0, "cached_tokens": 0}
         self._stop_tables: dict = {}  # (stop strings, vocabulary size) -> stop_candidates
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
+        self.clear_cache()  # a shared policy may have changed in place since the KV was computed
         if self.model is not policy:
             self.load_weights(_merged_tensors(policy))
+
+    def clear_cache(self) -> None:
+        """Drop every kept KV (the weights changed, or the episodes that would continue them are over)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     def named_tensors(self) -> dict[str, torch.Tensor]:
         """The engine model's parameters and buffers by plain name: what `load_weights` writes into."""
@@ -152,6 +161,7 @@ class HFEngine:
     def load_weights(self, tensors) -> None:
         """Copy (name, tensor) pairs -- a plain model's names, e.g. `engine_weights(policy)` sent from a learner in
         another process -- into the engine's model, casting to its dtype."""
+        self.clear_cache()
         targets = self.named_tensors()
         for name, value in (tensors.items() if isinstance(tensors, dict) else tensors):
             if name not in targets:
@@ -178,8 +188,18 @@ class HFEngine:
             raise ValueError(f"generate() got {len(keys)} keys for {len(prompts)} prompts")
         # what keys each row's random stream: the prompt's text unless told (token-id prompts: their ids)
         keys = keys or [p if isinstance(p, str) else ",".join(map(str, p)) for p in prompts]
-        # longest first, so each chunk holds prompts of similar length (less padding)
-        order = sorted(range(len(prompts)), key=lambda i: -len(encoded[i]))
+        # the prompts that continue a kept completion prefill only what follows it; each entry is used once
+        cached: list[tuple[int, torch.Tensor] | None] = [None] * len(prompts)
+        if self.prefix_cache is not None and len(self.prefix_cache):
+            used = set()
+            for i, ids in enumerate(encoded):
+                columns, kv, key = self.prefix_cache.lookup(ids)
+                if kv is not None:
+                    cached[i] = (columns, kv)
+                    used.add(key)
+            self.prefix_cache.discard(used)
+        # most ids to prefill first, so each chunk holds prompts of similar length (less padding)
+        order = sorted(range(len(prompts)), key=lambda i: -(len(encoded[i]) - (cached[i][0] if cached[i] else 0)))
         per_chunk = max(1, self.batch_size // sampling.n)
         results: list[Completion | None] = [None] * (len(prompts) * sampling.n)
         # the fused weights are built once per call, from the weights sync_weights last copied in
@@ -187,7 +207,7 @@ class HFEngine:
         for c in range(0, len(order), per_chunk):
             chunk = order[c : c + per_chunk]
             for comp in self._generate_chunk([encoded[i] for i in chunk], [keys[i] for i in chunk], sampling,
-                                             decoder, progress):
+                                             decoder, progress, [cached[i] for i in chunk]):
                 comp.prompt_index = chunk[comp.prompt_index]
                 results[comp.prompt_index * sampling.n + comp.sample_index] = comp
         self.stats["seconds"] += time.perf_counter() - start
@@ -202,11 +222,19 @@ class HFEngine:
         return out.logits[:, -1, :].float()
 
     def _generate_chunk(self, encoded: list[list[int]], keys: list[str], sampling: SamplingParams,
-                        decoder: decode_llama.LlamaDecoder | None = None, progress=None) -> list[Completion]:
+                        decoder: decode_llama.LlamaDecoder | None = None, progress=None,
+                        cached: list | None = None) -> list[Completion]:
         """One batch of prompts x n samples (`keys`: what seeds each prompt's rows); `progress(k)` is told as rows
-        finish (a bar moves per completion)."""
+        finish (a bar moves per completion); `cached[i]`: (columns, KV) kept for prompt i's first ids."""
         device = input_device(self.model)
         n, width = sampling.n, max(len(ids) for ids in encoded)
+        cached = cached or [None] * len(encoded)
+        # every row is right-aligned: the last `fed` columns are fed to the model, the `width - fed` before them
+        # come from the kept KV (a row's kept part is what it has there; what it does not have is fed)
+        fed = max(len(ids) - (c[0] if c else 0) for ids, c in zip(encoded, cached))
+        reused = [max(0, len(ids) - fed) for ids in encoded]
+        self.stats["prefill_tokens"] += sum(len(ids) - r for ids, r in zip(encoded, reused))
+        self.stats["cached_tokens"] += sum(reused)
         input_ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(encoded), width), dtype=torch.long)
         for i, ids in enumerate(encoded):  # left padding
@@ -215,7 +243,9 @@ class HFEngine:
         input_ids, attention = input_ids.to(device), attention.to(device)
         # the fast decoder keeps a shared prompt's cache once and the rows' new tokens apart (n > 1)
         cache = preallocated_cache(width if decoder and n > 1 else width + sampling.max_new_tokens)
-        logits = self._forward(input_ids, attention, cache)
+        if width > fed:
+            fill_cache(cache, [c[1] if r else None for c, r in zip(cached, reused)], reused, width - fed, device)
+        logits = self._forward(input_ids[:, width - fed :], attention, cache)
         state = positions = None
         if decoder is not None:  # the prompt's cache stays shared by its samples (shared-prefix attention)
             state = decoder.start(cache, attention, n, sampling.max_new_tokens)
@@ -299,6 +329,14 @@ class HFEngine:
                 for row in ids[~stopped]:
                     finish[row] = "length"
                 stopped[:] = True
+            if sampling.keep_cache and self.prefix_cache is not None:
+                # a row that ended at a stop string may be continued (an episode's next turn): keep its KV, which
+                # covers the prompt and every new id but this step's, not yet fed to the model
+                for k in (stopped & ~is_eos[new]).nonzero()[0]:
+                    if finish[ids[k]] == "stop":
+                        row = int(ids[k])
+                        self.prefix_cache.put(encoded[row // n] + tokens[row, :step].tolist(),
+                                              row_kv(int(live[k]), state, cache, rows.attention))
             active[live[stopped]] = False
             if progress is not None and stopped.any():
                 progress(int(stopped.sum()))
@@ -337,3 +375,4 @@ class HFEngine:
                            entropies[row, : length[row]].tolist() if entropies is not None else None)
             )
         return completions
+

@@ -1,6 +1,7 @@
-"""A KV cache that writes into preallocated buffers: transformers' DynamicLayer grows by torch.cat, copying the
-whole cache at every decode step (75% of a decode step at batch 32 on this CPU); here each step writes one
-column and returns views.
+"""KV caches of the engine: one that writes into preallocated buffers (transformers' DynamicLayer grows by
+torch.cat, copying the whole cache at every decode step: 75% of a decode step at batch 32 on this CPU; here each
+step writes one column and returns views), and `PrefixCache`, the KV of finished rows kept for a later call that
+continues them (a multi-turn episode's next turn).
 """
 
 from __future__ import annotations
@@ -67,3 +68,89 @@ def preallocated_cache(reserve: int):
     cache = DynamicCache.__new__(DynamicCache)
     Cache.__init__(cache, layer_class_to_replicate=layer)
     return cache
+
+
+class PrefixCache:
+    """The KV of sequences an engine finished, kept for a later call whose prompt continues one of them (a
+    multi-turn episode's next turn: its history, the observation after it): that call prefills only the new ids.
+    vLLM's automatic prefix caching plays this part for a vLLM engine.
+
+    An entry is a finished row's KV, (layers, 2, kv heads, tokens, head dim), keyed by the ids it covers (the
+    prompt and every sampled id but the last, which was never fed to the model). Entries are used once, oldest
+    dropped first beyond `max_bytes`, and all dropped when the weights change (the KV was computed with the old
+    ones)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.entries: dict[tuple[int, ...], torch.Tensor] = {}  # insertion order = age
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def put(self, ids: list[int], kv: torch.Tensor) -> None:
+        size = kv.numel() * kv.element_size()
+        if size > self.max_bytes:
+            return
+        key = tuple(ids)
+        if key in self.entries:
+            self.bytes -= self._size(self.entries.pop(key))
+        self.entries[key] = kv
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            self.bytes -= self._size(self.entries.pop(next(iter(self.entries))))
+
+    def lookup(self, ids: list[int]) -> tuple[int, torch.Tensor | None, tuple | None]:
+        """(columns usable, the entry, its key) for the longest entry that `ids` starts with; at most len(ids) - 1
+        columns, since the prompt's last id must be fed to give the first new token's logits."""
+        best = None
+        for key in self.entries:
+            if len(best or ()) < len(key) <= len(ids) and tuple(ids[: len(key)]) == key:
+                best = key
+        if best is None:
+            return 0, None, None
+        return min(len(best), len(ids) - 1), self.entries[best], best
+
+    def discard(self, keys) -> None:
+        for key in keys:
+            if key in self.entries:
+                self.bytes -= self._size(self.entries.pop(key))
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.bytes = 0
+
+    @staticmethod
+    def _size(kv: torch.Tensor) -> int:
+        return kv.numel() * kv.element_size()
+
+
+def row_kv(row: int, state, cache, attention: torch.Tensor) -> torch.Tensor:
+    """Live row `row`'s KV without its padding, (layers, 2, kv heads, tokens, head dim): from the fast decoder's
+    state (its prompt's shared prefix, then its own tokens) or from the transformers cache."""
+    if state is None:
+        real = attention[row].bool()
+        pairs = [(layer.keys[row][:, real], layer.values[row][:, real]) for layer in cache.layers]
+    elif state.prefix_k is None:
+        real = state.bias[row, 0, 0, : state.length] == 0
+        pairs = [(k[row, :, : state.length][:, real], v[row, :, : state.length][:, real])
+                 for k, v in zip(state.suffix_k, state.suffix_v)]
+    else:
+        prompt, t = int(state.slot[row]) // state.samples, state.length
+        real = state.bias[prompt, 0, 0] == 0
+        pairs = [(torch.cat([pk[prompt][:, real], sk[row, :, :t]], 1), torch.cat([pv[prompt][:, real], sv[row, :, :t]], 1))
+                 for pk, pv, sk, sv in zip(state.prefix_k, state.prefix_v, state.suffix_k, state.suffix_v)]
+    return torch.stack([torch.stack(pair) for pair in pairs])
+
+
+def fill_cache(cache, kept: list, reused: list[int], columns: int, device) -> None:
+    """Write the kept KV into `cache`'s first `columns` columns, each row's `reused[i]` ids right-aligned there
+    (the columns before them are left padding)."""
+    sample = next(kv for kv in kept if kv is not None)
+    layers, _, heads, _, dim = sample.shape
+    past = torch.zeros((layers, 2, len(kept), heads, columns, dim), dtype=sample.dtype, device=device)
+    for i, (kv, r) in enumerate(zip(kept, reused)):
+        if r:
+            past[:, :, i, :, columns - r :] = kv[:, :, :, :r]
+    for layer in range(layers):
+        cache.update(past[layer, 0], past[layer, 1], layer)

@@ -18,8 +18,10 @@ also the environment's: an environment that lists "</answer>" in its stop sees t
 (the environment said so), "max_turns", "max_tokens" (model + observation ids reach the budget), "tool_timeout"
 or "tool_error" (step raised). The last three and "max_tokens" count as truncated (finish_reason "length").
 
-The engine keeps no cache between turns: each turn encodes its episode's ids again (prefill). Continuing from
-the KV cache is a further step that has not been built.
+Between turns the engine keeps the KV of every turn that may be continued (`SamplingParams.keep_cache`; rlvr's
+engine: `env_cache_mib`), so the next turn prefills only the last sampled id and the observation, not the whole
+history; the sampled ids are the same either way up to float rounding (tests/test_environments.py), and
+bench/episode_cache.py measures what it saves.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class _Episode:
     tool_errors: int = 0
     observation_tokens: int = 0
     turn_rewards: list[float] = dataclasses.field(default_factory=list)
+    tool_seconds: float = 0.0  # its share of the wall time the rounds it was stepped in took
     end: str | None = None
     error: str = ""
 
@@ -85,7 +88,8 @@ class _Episode:
                           self.logprobs, self.entropies, loss_mask=self.mask,
                           episode={"turns": self.turns, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
                                    "observation_tokens": self.observation_tokens, "end": self.end,
-                                   "turn_rewards": self.turn_rewards, "error": self.error, "reward": reward})
+                                   "turn_rewards": self.turn_rewards, "error": self.error, "reward": reward,
+                                   "tool_seconds": self.tool_seconds})
 
 
 def _steps(episodes: list[_Episode], turns: list[Completion], pool: futures.Executor):
@@ -121,7 +125,7 @@ def run_episodes(engine: RolloutEngine, env_cls: type[Environment], questions: l
     encoded = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
     episodes = [_Episode(env_cls(questions[q]), encoded[q], f"{prompts[q]}\x00{s}", budget)
                 for q in range(len(prompts)) for s in range(n)]
-    first = dataclasses.replace(sampling, stop=stops, max_new_tokens=budget)
+    first = dataclasses.replace(sampling, stop=stops, max_new_tokens=budget, keep_cache=env_cls.max_turns > 1)
     turns = engine.generate(prompts, first)
     going = list(range(len(episodes)))
     pool = futures.ThreadPoolExecutor(max_workers=max(1, len(episodes)), thread_name_prefix="rlvr-env")
@@ -141,8 +145,12 @@ def run_episodes(engine: RolloutEngine, env_cls: type[Environment], questions: l
                 else:
                     asking.append((i, c))
             going = []
-            for (i, c), result in zip(asking, _steps([episodes[i] for i, _ in asking], [c for _, c in asking], pool)):
+            start = time.perf_counter()
+            results = _steps([episodes[i] for i, _ in asking], [c for _, c in asking], pool)
+            share = (time.perf_counter() - start) / max(1, len(asking))
+            for (i, c), result in zip(asking, results):
                 e = episodes[i]
+                e.tool_seconds += share
                 if result is None:
                     e.end, e.error = "tool_timeout", f"step took over {env_cls.tool_timeout_s:g} s"
                 elif isinstance(result, BaseException):
@@ -163,17 +171,20 @@ def run_episodes(engine: RolloutEngine, env_cls: type[Environment], questions: l
                 progress(len(turns) - len(going))  # the episodes that ended this round
             if going:
                 room = max(budget - len(episodes[i].ids) for i in going)
-                later = dataclasses.replace(sampling, stop=stops, max_new_tokens=room, n=1)
+                later = dataclasses.replace(sampling, stop=stops, max_new_tokens=room, n=1,
+                                            keep_cache=episodes[going[0]].turns + 1 < env_cls.max_turns)
                 turns = engine.generate([episodes[i].prompt_ids + episodes[i].ids for i in going], later,
                                         keys=[f"{episodes[i].key}\x00{episodes[i].turns}" for i in going])
     finally:
         pool.shutdown(wait=False, cancel_futures=True)  # a step that never returns keeps only its thread
+        if hasattr(engine, "clear_cache"):  # what the finished episodes' last turns kept
+            engine.clear_cache()
     return [e.completion(i // n, i % n) for i, e in enumerate(episodes)]
 
 
 def episode_metrics(completions: list[Completion]) -> dict[str, float]:
     """A step's `env/*` metrics: turns, tool calls, tool errors and timeouts, observation tokens, how episodes
-    ended, and the per-turn rewards by turn."""
+    ended, the per-turn rewards by turn, and the wall seconds spent in the environments' steps."""
     episodes = [c.episode for c in completions if c.episode is not None]
     if not episodes:
         return {}
@@ -182,7 +193,9 @@ def episode_metrics(completions: list[Completion]) -> dict[str, float]:
          "env/tool_calls": sum(e["tool_calls"] for e in episodes) / k,
          "env/tool_errors": float(sum(e["tool_errors"] for e in episodes)),
          "env/tool_timeouts": float(sum(e["end"] == "tool_timeout" for e in episodes)),
-         "env/observation_tokens": sum(e["observation_tokens"] for e in episodes) / k}
+         "env/observation_tokens": sum(e["observation_tokens"] for e in episodes) / k,
+         # wall seconds the environments' steps took between turns (time/generate less this is decoding)
+         "time/env_tools": sum(e.get("tool_seconds", 0.0) for e in episodes)}
     for end in ("answer", "done", "max_turns", "max_tokens", "tool_timeout", "tool_error"):
         m[f"env/end_{end}"] = sum(e["end"] == end for e in episodes) / k
     by_turn: dict[int, list[float]] = {}
@@ -190,7 +203,9 @@ def episode_metrics(completions: list[Completion]) -> dict[str, float]:
         for t, r in enumerate(e["turn_rewards"]):
             by_turn.setdefault(t + 1, []).append(r)
     for t, rewards in sorted(by_turn.items()):
-        m[f"env/reward_turn_{t}"] = sum(rewards) / len(rewards)
+        m[f"env/reward_turn_{t}"] = sum(rewards) / len(rewards)  # over the episodes the environment rewarded
+    # over every episode, 0 where turn 1 got no reward (code_feedback: the first attempts' pass rate)
+    m["env/first_turn_reward"] = sum(e["turn_rewards"][0] for e in episodes if e["turn_rewards"]) / k
     return m
 
 

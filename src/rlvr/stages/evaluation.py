@@ -21,7 +21,7 @@ from rlvr.config import EvalConfig, TrainingFields, sampling_params
 from rlvr.core import checkpoint as ckpt
 from rlvr.core.models import cache_dir
 from rlvr.engines.base import RolloutEngine, SamplingParams
-from rlvr.stages.episodes import apply_env_rewards, generate
+from rlvr.stages.episodes import apply_env_rewards, episode_metrics, generate
 from rlvr.tasks.prompts import PromptTemplate
 from rlvr.tasks.records import Example
 from rlvr.tasks.rewards import get_reward_fn, score_batch
@@ -119,10 +119,14 @@ def evaluate(
             **{k: float(v) for k, v in s.items()},
             "tokens": len(c.token_ids),
             "finish_reason": c.finish_reason,
-            **({"turns": c.episode["turns"], "tool_calls": c.episode["tool_calls"], "end": c.episode["end"]}
+            **({"turns": c.episode["turns"], "tool_calls": c.episode["tool_calls"], "end": c.episode["end"],
+                "turn_rewards": c.episode["turn_rewards"]}
                if c.episode is not None else {}),
         })
-    return EvalResult(records, summarize(records, sampling.n, time.perf_counter() - start))
+    summary = summarize(records, sampling.n, time.perf_counter() - start)
+    if env is not None:  # turns, tool calls, how episodes ended, rewards by turn
+        summary["env"] = {k: v for k, v in episode_metrics(completions).items() if k.startswith("env/")}
+    return EvalResult(records, summary)
 
 
 def write_results(out_dir: str | Path, result: EvalResult) -> None:
@@ -183,7 +187,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     cfg.save(out / "config.yaml")
     dtype = native_dtype(cfg.dtype, device)  # loaded in the engine's dtype: one copy of the weights
     model, tokenizer = load_model(cfg.model, dtype=dtype, device=device)
-    engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size, dtype=dtype)
+    engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size, dtype=dtype, prefix_cache_mib=cfg.env_cache_mib)
     sampling = sampling_params(cfg, stop=prompt.stop, seed=cfg.seed)
     with tqdm(total=len(examples) * cfg.samples, unit="completion", desc=f"eval {cfg.prompt}") as bar:
         result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer, progress=bar.update, env=cfg.env)
@@ -221,6 +225,7 @@ def validate(engine: RolloutEngine, policy, examples: list[Example], prompt: Pro
             f"{name}/truncated_rate": s["truncated_rate"],
             f"{name}/seconds": s["seconds"],
             **{f"{name}/pass@{k}": v for k, v in s.get("pass_at_k", {}).items()},
+            **{f"{name}/{k}": v for k, v in s.get("env", {}).items()},  # val/env/first_turn_reward, ...
         })
     return metrics, results[0].records
 

@@ -100,7 +100,8 @@ def build_engines(model, tokenizer, cfg: TrainingFields, where: Placement, rollo
     (refreshed from the policy by sync_weights, device to device); one engine serves both when their devices
     agree. `rollout=False` (SFT): (None, validation engine)."""
     make = lambda device: HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size,  # noqa: E731
-                                   dtype=cfg.generation_dtype, device=device)
+                                   dtype=cfg.generation_dtype, device=device,
+                                   prefix_cache_mib=cfg.env_cache_mib)
     engine = make(where.rollout) if rollout else None
     if engine is not None and where.eval == where.rollout:
         return engine, engine

@@ -126,7 +126,8 @@ def evaluate_finished(cfg: TrainConfig, final: Path) -> dict:
         cfg.sandbox.apply()
     cfg = stages.native_precision(cfg, where)
     model, tokenizer = load_model(str(final), device=where.eval)
-    engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype)
+    engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype,
+                      prefix_cache_mib=cfg.env_cache_mib)
     val = load_split(cfg, "validation", cfg.eval_limit)
     metrics, _ = stages.validate(engine, model, val, get_prompt(cfg.prompt), tokenizer, cfg)
     log.info("finished model: %s", ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
