@@ -8,7 +8,7 @@ an environment that answers every line the model writes with a short note (stop 
 as a calculator answers each annotation), up to --turns turns, so most episodes have several turns whatever the
 model writes. Two engines sharing the model:
 
-  kept       HFEngine(prefix_cache_mib=1024): each turn's KV is kept; the next turn prefills only the last
+  kept       HFEngine(prefix_cache_mib=4096): each turn's KV is kept; the next turn prefills only the last
              sampled id and the observation (what `rlvr train env=...` does by default, env_cache_mib)
   prefill    HFEngine(prefix_cache_mib=0): every turn prefills the prompt, every earlier turn and observation
 
@@ -66,7 +66,7 @@ def main() -> None:
     questions = [Example(p, a) for p, a in zip(prompts, answers)]
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_tokens, n=args.group, seed=1,
                               stop=("</answer>",), logprobs=True)
-    engines = {"kept": HFEngine(model, tokenizer, batch_size=64, prefix_cache_mib=1024),
+    engines = {"kept": HFEngine(model, tokenizer, batch_size=64, prefix_cache_mib=4096),
                "prefill": HFEngine(model, tokenizer, batch_size=64, prefix_cache_mib=0)}
     seconds = {name: [] for name in engines}
     episodes = {}
@@ -87,10 +87,12 @@ def main() -> None:
         side = {"seconds": median(seconds[name]), "all_seconds": seconds[name],
                 "prefill_ids_per_repeat": engine.stats["prefill_tokens"] / args.repeats,
                 "kept_ids_per_repeat": engine.stats["cached_tokens"] / args.repeats,
-                "generated_ids_per_repeat": engine.stats["generated_tokens"] / args.repeats}
+                "generated_ids_per_repeat": engine.stats["generated_tokens"] / args.repeats,
+                "kept_kv_peak_mib": engine.prefix_cache.peak_bytes / 2**20 if engine.prefix_cache else 0.0}
         result["sides"][name] = side
         print(f"{name:8s} {side['seconds']:7.1f} s  prefilled {side['prefill_ids_per_repeat']:8.0f} ids  "
-              f"from kept KV {side['kept_ids_per_repeat']:8.0f}  generated {side['generated_ids_per_repeat']:7.0f}")
+              f"from kept KV {side['kept_ids_per_repeat']:8.0f}  generated {side['generated_ids_per_repeat']:7.0f}  "
+              f"kept KV peak {side['kept_kv_peak_mib']:.0f} MiB")
     result["ratio"] = result["sides"]["prefill"]["seconds"] / result["sides"]["kept"]["seconds"]
     print(f"ratio prefill/kept seconds: {result['ratio']:.2f}")
     if args.json:

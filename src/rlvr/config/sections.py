@@ -106,7 +106,7 @@ class DataFields(BaseConfig):
     env: str | None = Field(None, description="a multi-turn environment (rlvr.environments): gsm8k_calculator, "
                             "python_tool, code_feedback, or your own class as path/to/env.py:Class or "
                             "package.module:Class; rlvr sft trains for it (its SFT targets, the model's tokens)")
-    env_cache_mib: int = Field(1024, ge=0, description="env=: memory the engine keeps for the KV of episodes whose "
+    env_cache_mib: int = Field(2048, ge=0, description="env=: memory the engine keeps for the KV of episodes whose "
                                "turn ended at a tool call, so the next turn prefills only the observation (0: "
                                "every turn prefills the episode's whole history again)")
 

@@ -108,7 +108,7 @@ class HFEngine:
     """Batched sampling from a transformers causal LM (CPU or GPU)."""
 
     def __init__(self, model, tokenizer, batch_size: int = 64, dtype: str | None = None, compact_fraction: float = 0.25,
-                 fast_decode: bool = True, device=None, prefix_cache_mib: int = 1024):
+                 fast_decode: bool = True, device=None, prefix_cache_mib: int = 2048):
         """`dtype` or `device` different from the model's makes a private copy in that dtype on that device
         (synced by sync_weights, device to device); a LoRA policy gets a plain copy with the adapter merged in,
         a policy split over several devices a whole copy on `device` (default: the policy's input device).

@@ -83,7 +83,7 @@ class PrefixCache:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.entries: dict[tuple[int, ...], torch.Tensor] = {}  # insertion order = age
-        self.bytes = 0
+        self.bytes = self.peak_bytes = 0
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -97,6 +97,7 @@ class PrefixCache:
             self.bytes -= self._size(self.entries.pop(key))
         self.entries[key] = kv
         self.bytes += size
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
         while self.bytes > self.max_bytes:
             self.bytes -= self._size(self.entries.pop(next(iter(self.entries))))
 
@@ -118,7 +119,7 @@ class PrefixCache:
 
     def clear(self) -> None:
         self.entries.clear()
-        self.bytes = 0
+        self.bytes = 0  # peak_bytes stays: the most this cache has held
 
     @staticmethod
     def _size(kv: torch.Tensor) -> int:
