@@ -1,7 +1,8 @@
 """Multi-turn episodes: continuing each turn from the engine's kept KV against prefilling the whole history
 again (issue 38: "the engine continues an episode after an observation from its KV cache ... measure both").
 
-    .venv/bin/python bench/episode_cache.py [--questions 8] [--group 4] [--turns 3] [--repeats 2] [--json out.json]
+    .venv/bin/python bench/episode_cache.py [--questions 8] [--group 4] [--turns 6] [--max-tokens 384] [--repeats 2]
+                                            [--json out.json] [--smoke]
 
 Same model (SmolLM2-135M-Instruct), same r1_zero GSM8K test prompts, the same seed on both sides, in one process:
 an environment that answers every line the model writes with a short note (stop "\n", observation " [noted]\n",
@@ -42,7 +43,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=cores())
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--smoke", action="store_true", help="a tiny end-to-end run (numbers meaningless)")
     args = ap.parse_args()
+    if args.smoke:
+        args.questions, args.group, args.turns, args.max_tokens, args.repeats = 1, 2, 2, 48, 1
     set_threads(args.threads)
 
     from rlvr.core.models import load_model
@@ -88,7 +92,7 @@ def main() -> None:
                 "prefill_ids_per_repeat": engine.stats["prefill_tokens"] / args.repeats,
                 "kept_ids_per_repeat": engine.stats["cached_tokens"] / args.repeats,
                 "generated_ids_per_repeat": engine.stats["generated_tokens"] / args.repeats,
-                "kept_kv_peak_mib": engine.prefix_cache.peak_bytes / 2**20 if engine.prefix_cache else 0.0}
+                "kept_kv_peak_mib": engine.prefix_cache.peak_bytes / 2**20 if engine.prefix_cache is not None else 0.0}
         result["sides"][name] = side
         print(f"{name:8s} {side['seconds']:7.1f} s  prefilled {side['prefill_ids_per_repeat']:8.0f} ids  "
               f"from kept KV {side['kept_ids_per_repeat']:8.0f}  generated {side['generated_ids_per_repeat']:7.0f}  "
