@@ -64,8 +64,7 @@ def main() -> None:
         def step(self, text, ids):
             return Observation(text=NOTE)
 
-    model, tokenizer = load_model()
-    model = model.to(getattr(__import__("torch"), args.dtype))
+    model, tokenizer = load_model(dtype=args.dtype)
     prompts, answers = gsm8k_prompts(args.questions)
     questions = [Example(p, a) for p, a in zip(prompts, answers)]
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_tokens, n=args.group, seed=1,

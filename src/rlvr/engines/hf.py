@@ -375,4 +375,3 @@ class HFEngine:
                            entropies[row, : length[row]].tolist() if entropies is not None else None)
             )
         return completions
-

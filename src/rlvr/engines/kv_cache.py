@@ -89,7 +89,7 @@ class PrefixCache:
         return len(self.entries)
 
     def put(self, ids: list[int], kv: torch.Tensor) -> None:
-        size = kv.numel() * kv.element_size()
+        size = self._size(kv)
         if size > self.max_bytes:
             return
         key = tuple(ids)
@@ -139,7 +139,8 @@ def row_kv(row: int, state, cache, attention: torch.Tensor) -> torch.Tensor:
     else:
         prompt, t = int(state.slot[row]) // state.samples, state.length
         real = state.bias[prompt, 0, 0] == 0
-        pairs = [(torch.cat([pk[prompt][:, real], sk[row, :, :t]], 1), torch.cat([pv[prompt][:, real], sv[row, :, :t]], 1))
+        pairs = [(torch.cat([pk[prompt][:, real], sk[row, :, :t]], 1),
+                  torch.cat([pv[prompt][:, real], sv[row, :, :t]], 1))
                  for pk, pv, sk, sv in zip(state.prefix_k, state.prefix_v, state.suffix_k, state.suffix_v)]
     return torch.stack([torch.stack(pair) for pair in pairs])
 

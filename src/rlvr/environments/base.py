@@ -18,8 +18,8 @@ one of `stop` (which may include the prompt's own, such as "</answer>", for an e
 answer: "wrong, try again"). The episode ends when `step` says `done`, when the model writes end-of-sequence or
 one of the prompt's stop strings that is not in `stop` (the answer is written), at `max_turns` model turns,
 when model and observation tokens reach `max_total_tokens` (the run's `max_new_tokens` when None), or when
-`step` raises or takes longer than `tool_timeout_s`. Its reward is `reward(transcript)`, or when that returns None the run's reward function on the
-transcript (every model turn's text and every observation's, in order).
+`step` raises or takes longer than `tool_timeout_s`. Its reward is `reward(transcript)`, or when that returns
+None the run's reward function on the transcript (every model turn's text and every observation's, in order).
 
 What the learner trains on is the ids the engine sampled with the observations' ids between them, never text
 encoded again; observation tokens are masked out of the loss (rlvr.stages.episodes).
