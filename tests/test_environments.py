@@ -74,6 +74,33 @@ def test_env_names_and_files_are_checked_with_the_config(tmp_path, model_dir):
         train_cfg(model_dir, tmp_path / "r", env="gsm8k_calculator", **{"distributed.rollout_workers": 1})
 
 
+def test_env_options_set_an_environments_numbers_and_nothing_else(tmp_path, model_dir):
+    from rlvr.environments.code_feedback import CodeFeedbackEnv
+
+    env = environment_factory("code_feedback:max_turns=3, max_turn_tokens=160,attempt_discount=0.5")
+    assert issubclass(env, CodeFeedbackEnv) and env is not CodeFeedbackEnv
+    assert (env.max_turns, env.max_turn_tokens, env.attempt_discount, env.runs_programs) == (3, 160, 0.5, True)
+    assert (CodeFeedbackEnv.max_turns, CodeFeedbackEnv.max_turn_tokens) == (2, None)  # the built-in is untouched
+    assert environment_factory("code_feedback:max_total_tokens=none").max_total_tokens is None
+    for bad, says in [("code_feedback:runs_programs=0", "runs_programs=0' is not key=value with a key of "
+                       "CodeFeedbackEnv's: attempt_discount, max_total_tokens, max_turn_tokens, max_turns, "
+                       "tool_timeout_s"),
+                      ("code_feedback:max_turns=0", "max_turns='0': expected a positive whole number"),
+                      ("code_feedback:max_turns=2.5", "expected a positive whole number"),
+                      ("code_feedback:max_turns=none", "max_turns needs a number"),
+                      ("code_feedback:tool_timeout_s=soon", "'soon' is not a number"),
+                      ("code_feedbak:max_turns=3", "did you mean 'code_feedback'")]:
+        with pytest.raises(ValueError) as err:
+            environment_factory(bad)
+        assert says in str(err.value), (bad, str(err.value))
+    with pytest.raises(ConfigError, match="max_turn_tokens='-1'"):
+        train_cfg(model_dir, tmp_path / "r", env="gsm8k_calculator:max_turn_tokens=-1")
+    # a user's file takes options after its class
+    (tmp_path / "my_env.py").write_text(USER_ENV)
+    cfg = train_cfg(model_dir, tmp_path / "r", env=f"{tmp_path / 'my_env.py'}:Letters:max_turns=5")
+    assert environment_factory(cfg.env).max_turns == 5 and environment_factory(cfg.env).__name__ == "Letters"
+
+
 # ---------------------------------------------------------------------------------------------------
 # Episodes on the real engine
 
@@ -255,6 +282,35 @@ def test_every_way_an_episode_ends(tiny_model, tokenizer):
     _, _, done = _episodes(tiny_model, tokenizer, env=Done)
     assert {c.episode["end"] for c in done} <= {"done", "answer"} and any(c.episode["end"] == "done" for c in done)
     assert all(c.episode["turns"] == 1 for c in done)
+
+
+def _turn_lengths(c) -> list[int]:
+    """The lengths of an episode's model turns: the runs of ids its loss mask trains."""
+    runs, going = [], False
+    for trained in c.loss_mask:
+        if trained:
+            runs[-1:] = [runs[-1] + 1] if going else runs[-1:] + [1]
+        going = trained
+    return runs
+
+
+def test_a_turn_cap_limits_each_model_turn_and_leaves_the_rest_alone(tiny_model, tokenizer):
+    cap = 6
+    capped = type("EchoCapped", (Echo,), {"max_turn_tokens": cap})
+    _, _, free = _episodes(tiny_model, tokenizer, env=Echo, max_new_tokens=60)
+    _, _, short = _episodes(tiny_model, tokenizer, env=capped, max_new_tokens=60)
+    assert max(max(_turn_lengths(c)) for c in free) > cap  # without the cap some turn runs longer
+    for f, c in zip(free, short):
+        lengths = _turn_lengths(c)
+        assert max(lengths) <= cap and len(lengths) == c.episode["turns"]
+        if lengths[-1] == cap and c.episode["end"] != "max_turns":  # a turn cut short is not an answer
+            assert c.episode["end"] == "max_tokens" and c.finish_reason == "length"
+        first = _turn_lengths(f)[0]
+        if first <= cap:  # the same first turn: the cap changes nothing the turn did not reach
+            assert list(c.token_ids[:first]) == list(f.token_ids[:first])
+    # turns under the cap go on: some episode has a second turn, and every episode's budget is still the run's
+    assert any(c.episode["turns"] >= 2 for c in short) and any(c.episode["end"] == "max_tokens" for c in short)
+    assert all(len(c.token_ids) <= 60 for c in short)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -105,7 +105,9 @@ class DataFields(BaseConfig):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     env: str | None = Field(None, description="a multi-turn environment (rlvr.environments): gsm8k_calculator, "
                             "python_tool, code_feedback, or your own class as path/to/env.py:Class or "
-                            "package.module:Class; rlvr sft trains for it (its SFT targets, the model's tokens)")
+                            "package.module:Class, then optionally :key=value,... for its numbers "
+                            "(code_feedback:max_turns=3,max_turn_tokens=160); max_new_tokens is the whole "
+                            "episode's budget; rlvr sft trains for it (its SFT targets, the model's tokens)")
     env_cache_mib: int = Field(2048, ge=0, description="env=: memory the engine keeps for the KV of episodes whose "
                                "turn ended at a tool call, so the next turn prefills only the observation (0: "
                                "every turn prefills the episode's whole history again)")

@@ -22,7 +22,12 @@ __all__ = ["ENVIRONMENTS", "Environment", "Observation", "environment_factory", 
 
 def environment_factory(name: str) -> type[Environment]:
     """The environment class `env=name` selects: a built-in or registered name, or `module:Class` /
-    `file.py:Class`. An unknown name fails naming the valid ones."""
+    `file.py:Class`, optionally followed by `:key=value,...` that sets its numbers (`max_turns`,
+    `max_total_tokens`, `max_turn_tokens`, `tool_timeout_s`, a subclass's own such as `attempt_discount`):
+    `code_feedback:max_turns=3,max_turn_tokens=160`. An unknown name or option fails naming the valid ones."""
+    head, sep, tail = name.rpartition(":")
+    if sep and "=" in tail:
+        return _with_options(environment_factory(head), tail, name)
     if name in ENVIRONMENTS:
         return ENVIRONMENTS[name]
     if ":" in name:
@@ -33,3 +38,33 @@ def environment_factory(name: str) -> type[Environment]:
     close = difflib.get_close_matches(name, list(ENVIRONMENTS), n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}? " if close else ""
     raise ValueError(f"unknown env {name!r}; {hint}valid: {', '.join(ENVIRONMENTS)}, or module:Class / file.py:Class")
+
+
+def _with_options(cls: type[Environment], options: str, name: str) -> type[Environment]:
+    """A subclass of `cls` whose numeric class attributes are set from "key=value,...". Only numbers can be set
+    (flags such as `runs_programs`, which decides whether the run checks its sandbox, cannot)."""
+    settable = sorted(k for k in dir(cls) if not k.startswith("_") and _number_or_none(getattr(cls, k)))
+    values = {}
+    for item in filter(None, (part.strip() for part in options.split(","))):
+        key, eq, raw = (x.strip() for x in item.partition("="))
+        if not eq or key not in settable:
+            raise ValueError(f"env={name!r}: {item!r} is not key=value with a key of {cls.__name__}'s: "
+                             f"{', '.join(settable)}")
+        default = getattr(cls, key)
+        try:
+            value = None if raw.lower() in ("none", "null") else (float(raw) if isinstance(default, float) or
+                                                                  "." in raw or "e" in raw.lower() else int(raw))
+        except ValueError:
+            raise ValueError(f"env={name!r}: {key}={raw!r} is not a number") from None
+        if value is None and default is not None and key not in ("max_total_tokens", "max_turn_tokens"):
+            raise ValueError(f"env={name!r}: {key} needs a number")
+        if value is not None and (value <= 0 or (isinstance(default, int) and not isinstance(value, int))):
+            raise ValueError(f"env={name!r}: {key}={raw!r}: expected a positive "
+                             f"{'whole number' if isinstance(default, int) else 'number'}")
+        values[key] = value
+    return type(cls.__name__, (cls,), {**values, "__module__": cls.__module__, "__doc__": cls.__doc__,
+                                       "__qualname__": cls.__qualname__})
+
+
+def _number_or_none(value) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))

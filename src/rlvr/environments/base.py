@@ -17,8 +17,10 @@ rlvr makes one instance per rollout, `MyEnv(example)`, and calls `step` after ea
 one of `stop` (which may include the prompt's own, such as "</answer>", for an environment that answers an
 answer: "wrong, try again"). The episode ends when `step` says `done`, when the model writes end-of-sequence or
 one of the prompt's stop strings that is not in `stop` (the answer is written), at `max_turns` model turns,
-when model and observation tokens reach `max_total_tokens` (the run's `max_new_tokens` when None), or when
-`step` raises or takes longer than `tool_timeout_s`. Its reward is `reward(transcript)`, or when that returns
+when model and observation tokens reach `max_total_tokens` (the run's `max_new_tokens` when None), when one
+model turn reaches `max_turn_tokens` (None: no limit of its own), or when `step` raises or takes longer than
+`tool_timeout_s`. These numbers can be set on the command line without a subclass:
+`env=code_feedback:max_turns=3,max_turn_tokens=160` (rlvr.environments.environment_factory). Its reward is `reward(transcript)`, or when that returns
 None the run's reward function on the transcript (every model turn's text and every observation's, in order).
 
 What the learner trains on is the ids the engine sampled with the observations' ids between them, never text
@@ -50,7 +52,8 @@ class Environment:
 
     stop: tuple[str, ...] = ()
     max_turns: int = 4
-    max_total_tokens: int | None = None
+    max_total_tokens: int | None = None  # model + observation ids of the whole episode (None: max_new_tokens)
+    max_turn_tokens: int | None = None  # ids one model turn may sample (None: what is left of the episode's)
     tool_timeout_s: float = 10.0
     sft_annotations: bool = False  # `rlvr sft env=...`: SFT targets keep GSM8K's calculator annotations
     runs_programs: bool = False  # its tools run model-written programs: the run checks the sandbox first

@@ -15,7 +15,8 @@ the model saw and what is trained, the transcript is each turn's text cut at its
 
 Each episode ends (episode["end"]) at: "answer" (end-of-sequence, or a stop string of the prompt's that is not
 also the environment's: an environment that lists "</answer>" in its stop sees the answer and may ask again), "done"
-(the environment said so), "max_turns", "max_tokens" (model + observation ids reach the budget), "tool_timeout"
+(the environment said so), "max_turns", "max_tokens" (model + observation ids reach the budget, or one model turn
+reaches max_turn_tokens: a turn cut short is not an answer), "tool_timeout"
 or "tool_error" (step raised). The last three and "max_tokens" count as truncated (finish_reason "length").
 
 Between turns the engine keeps the KV of every turn that may be continued (`SamplingParams.keep_cache`; rlvr's
@@ -122,10 +123,11 @@ def run_episodes(engine: RolloutEngine, env_cls: type[Environment], questions: l
     n = sampling.n
     stops = tuple(dict.fromkeys(tuple(sampling.stop) + tuple(env_cls.stop)))
     budget = env_cls.max_total_tokens or sampling.max_new_tokens
+    turn_cap = min(budget, env_cls.max_turn_tokens or budget)
     encoded = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
     episodes = [_Episode(env_cls(questions[q]), encoded[q], f"{prompts[q]}\x00{s}", budget)
                 for q in range(len(prompts)) for s in range(n)]
-    first = dataclasses.replace(sampling, stop=stops, max_new_tokens=budget, keep_cache=env_cls.max_turns > 1)
+    first = dataclasses.replace(sampling, stop=stops, max_new_tokens=turn_cap, keep_cache=env_cls.max_turns > 1)
     turns = engine.generate(prompts, first)
     going = list(range(len(episodes)))
     pool = futures.ThreadPoolExecutor(max_workers=max(1, len(episodes)), thread_name_prefix="rlvr-env")
@@ -170,7 +172,7 @@ def run_episodes(engine: RolloutEngine, env_cls: type[Environment], questions: l
             if progress is not None:
                 progress(len(turns) - len(going))  # the episodes that ended this round
             if going:
-                room = max(budget - len(episodes[i].ids) for i in going)
+                room = min(turn_cap, max(budget - len(episodes[i].ids) for i in going))
                 later = dataclasses.replace(sampling, stop=stops, max_new_tokens=room, n=1,
                                             keep_cache=episodes[going[0]].turns + 1 < env_cls.max_turns)
                 turns = engine.generate([episodes[i].prompt_ids + episodes[i].ids for i in going], later,
