@@ -81,3 +81,31 @@ def test_the_docs_links_point_at_files_that_exist():
                 if not (path.parent / target.split("#")[0]).exists():
                     broken.append(f"{path.relative_to(ROOT)}:{number} {target}")
     assert not broken, "\n".join(broken)
+
+
+@pytest.mark.parametrize("script", sorted((ROOT / "examples" / "experiments").glob("*.sh")), ids=lambda p: p.name)
+def test_an_experiment_script_runs_commands_that_parse(script, tmp_path, monkeypatch):
+    """The experiment scripts, run with a stand-in for rlvr that records its arguments: every command they would
+    run parses and its config validates, as the docs' commands do."""
+    import os
+    import subprocess
+
+    copy = tmp_path / "examples" / "experiments" / script.name
+    copy.parent.mkdir(parents=True)
+    copy.write_text(script.read_text(encoding="utf-8"), encoding="utf-8")
+    record = tmp_path / "commands.txt"
+    stand_in = tmp_path / "rlvr"
+    stand_in.write_text(f'#!/bin/bash\nprintf "%s\\x1f" "$@" >> {record}\necho >> {record}\n')
+    stand_in.chmod(0o755)
+    env = {**os.environ, "RLVR": str(stand_in), "STOP": str(tmp_path / "no-stop-file")}
+    subprocess.run(["bash", str(copy)], env=env, check=True, timeout=60)
+    commands = [line.rstrip("\x1f").split("\x1f") for line in record.read_text().splitlines()]
+    assert len(commands) >= 5, commands
+    monkeypatch.chdir(ROOT)
+    group = get_command(app)
+    for argv in commands:
+        name, args = argv[0], argv[1:]
+        with group.make_context("rlvr", [name, "--help"], resilient_parsing=True) as ctx:
+            cmd = group.get_command(ctx, name)
+        ctx = cmd.make_context(name, list(args))
+        load_config(CONFIGS[name], ctx.params.get("config"), ctx.args)

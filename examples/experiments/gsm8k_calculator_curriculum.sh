@@ -6,11 +6,12 @@
 # (256 new tokens, as in training). Resumable: finished steps are skipped, interrupted runs resume from their
 # last checkpoint. Stop between jobs with `touch /tmp/exp_stop5`; SIGTERM a running job to checkpoint it.
 cd "$(dirname "$0")/../.." || exit 1  # the repository root
-R=.venv/bin/rlvr
+STOP=${STOP:-/tmp/exp_stop5}  # touch it to stop between runs
+R=${RLVR:-.venv/bin/rlvr}  # RLVR: another rlvr (tests/test_docs.py records what the script runs)
 D=runs/exp_s5
 LOG=$D/log.txt
 mkdir -p $D
-stop() { [ -e /tmp/exp_stop5 ] && { echo "$(date -u +%T) stopped" >> $LOG; exit 0; }; }
+stop() { [ -e $STOP ] && { echo "$(date -u +%T) stopped" >> $LOG; exit 0; }; }
 job() {  # name, command...: skip when $D/name.done exists
   local name=$1; shift
   [ -e $D/$name.done ] && return
