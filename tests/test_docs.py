@@ -53,15 +53,13 @@ def test_the_docs_show_commands():
                                                                     "cluster.md", "gpu.md"}
 
 
-@pytest.mark.parametrize("path, number, command", CASES)
-def test_a_documented_command_parses(path, number, command, monkeypatch):
-    monkeypatch.chdir(ROOT)  # the docs' paths are relative to a checkout
-    argv = shlex.split(command)[1:]
+def check_command(argv: list[str], where: str) -> None:
+    """`rlvr argv...` parses as the CLI would parse it, and its config (or sweep) validates; run from ROOT."""
     group = get_command(app)
     name, args = argv[0], argv[1:]
     with group.make_context("rlvr", [name, "--help"], resilient_parsing=True) as ctx:
         cmd = group.get_command(ctx, name)
-    assert cmd is not None, f"{path.name}:{number}: no command {name!r}"
+    assert cmd is not None, f"{where}: no command {name!r}"
     ctx = cmd.make_context(name, list(args))  # unknown options, missing values and bad types raise here
     if name in CONFIGS:
         load_config(CONFIGS[name], ctx.params.get("config"), ctx.args)  # unknown fields, bad values raise here
@@ -69,6 +67,12 @@ def test_a_documented_command_parses(path, number, command, monkeypatch):
         from rlvr.experiments.sweep_plan import build_configs, load_sweep
 
         assert build_configs(load_sweep(ctx.params["config"], ctx.args))
+
+
+@pytest.mark.parametrize("path, number, command", CASES)
+def test_a_documented_command_parses(path, number, command, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the docs' paths are relative to a checkout
+    check_command(shlex.split(command)[1:], f"{path.name}:{number}")
 
 
 def test_the_docs_links_point_at_files_that_exist():
@@ -102,10 +106,5 @@ def test_an_experiment_script_runs_commands_that_parse(script, tmp_path, monkeyp
     commands = [line.rstrip("\x1f").split("\x1f") for line in record.read_text().splitlines()]
     assert len(commands) >= 5, commands
     monkeypatch.chdir(ROOT)
-    group = get_command(app)
     for argv in commands:
-        name, args = argv[0], argv[1:]
-        with group.make_context("rlvr", [name, "--help"], resilient_parsing=True) as ctx:
-            cmd = group.get_command(ctx, name)
-        ctx = cmd.make_context(name, list(args))
-        load_config(CONFIGS[name], ctx.params.get("config"), ctx.args)
+        check_command(argv, script.name)

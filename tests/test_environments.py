@@ -286,11 +286,13 @@ def test_every_way_an_episode_ends(tiny_model, tokenizer):
 
 def _turn_lengths(c) -> list[int]:
     """The lengths of an episode's model turns: the runs of ids its loss mask trains."""
-    runs, going = [], False
+    runs, previous = [], False
     for trained in c.loss_mask:
-        if trained:
-            runs[-1:] = [runs[-1] + 1] if going else runs[-1:] + [1]
-        going = trained
+        if trained and previous:
+            runs[-1] += 1
+        elif trained:
+            runs.append(1)
+        previous = trained
     return runs
 
 

@@ -1,17 +1,14 @@
 """Summarise runs/exp_s4 (examples/experiments/code_level3_arms.sh): per arm, validation pass rate at step 0
 and 10 (mean +- 95% t-interval over seeds), first-attempt pass rate (feedback arm), groups with spread and right
 answers trained per step, step time split."""
-import json
 import math
 import statistics
 from pathlib import Path
 
+from rlvr.core.tracking import read_jsonl
+
 T = {1: 12.706, 2: 4.303, 3: 3.182}
 root = Path(__file__).resolve().parents[2] / "runs" / "exp_s4"  # run from anywhere in the repository
-
-
-def rows(path):
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
 
 
 def ci(xs):
@@ -32,7 +29,7 @@ for arm in ("single", "curriculum", "feedback"):
     stats = {k: [] for k in ("val0", "val10", "first0", "first10", "spread", "right", "gen", "tools", "score",
                              "train", "step", "turns")}
     for run in runs:
-        m = rows(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else []
+        m = read_jsonl(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else []
         val = {r["step"]: r for r in m if "val/accuracy" in r}
         steps = [r for r in m if "train/reward" in r]
         if 10 not in val:
