@@ -108,3 +108,27 @@ def test_an_experiment_script_runs_commands_that_parse(script, tmp_path, monkeyp
     monkeypatch.chdir(ROOT)
     for argv in commands:
         check_command(argv, script.name)
+
+
+@pytest.mark.parametrize("script", sorted((ROOT / "examples" / "experiments").glob("*.sh")), ids=lambda p: p.name)
+def test_an_experiment_script_stops_at_an_interrupted_run(script, tmp_path):
+    """A run that exits non-zero (130: SIGTERM or Ctrl-C after its checkpoint; or a failure) stops the script with
+    that status, logs it, and is not counted as finished: the next command would otherwise train from a model that
+    was never written, and a rerun would skip the unfinished one."""
+    import os
+    import subprocess
+
+    copy = tmp_path / "examples" / "experiments" / script.name
+    copy.parent.mkdir(parents=True)
+    copy.write_text(script.read_text(encoding="utf-8"), encoding="utf-8")
+    record = tmp_path / "commands.txt"
+    stand_in = tmp_path / "rlvr"
+    stand_in.write_text(f'#!/bin/bash\necho "$1" >> {record}\nexit 130\n')
+    stand_in.chmod(0o755)
+    env = {**os.environ, "RLVR": str(stand_in), "STOP": str(tmp_path / "no-stop-file")}
+    done = subprocess.run(["bash", str(copy)], env=env, timeout=60)
+    assert done.returncode == 130
+    assert len(record.read_text().splitlines()) == 1  # nothing ran after it
+    logs = list((tmp_path / "runs").glob("*/log.txt"))
+    assert len(logs) == 1 and logs[0].read_text().splitlines()[-1].endswith("rc=130")
+    assert not list((tmp_path / "runs").glob("*/*.done"))
