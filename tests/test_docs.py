@@ -87,22 +87,27 @@ def test_the_docs_links_point_at_files_that_exist():
     assert not broken, "\n".join(broken)
 
 
-@pytest.mark.parametrize("script", sorted((ROOT / "examples" / "experiments").glob("*.sh")), ids=lambda p: p.name)
-def test_an_experiment_script_runs_commands_that_parse(script, tmp_path, monkeypatch):
-    """The experiment scripts, run with a stand-in for rlvr that records its arguments: every command they would
-    run parses and its config validates, as the docs' commands do."""
+def run_script(script: Path, tmp_path: Path, stand_in: str):
+    """Run a copy of an experiment script in tmp_path (its runs/ land there) with `stand_in` (bash) as rlvr."""
     import os
     import subprocess
 
     copy = tmp_path / "examples" / "experiments" / script.name
     copy.parent.mkdir(parents=True)
     copy.write_text(script.read_text(encoding="utf-8"), encoding="utf-8")
+    rlvr = tmp_path / "rlvr"
+    rlvr.write_text(f"#!/bin/bash\n{stand_in}\n")
+    rlvr.chmod(0o755)
+    env = {**os.environ, "RLVR": str(rlvr), "STOP": str(tmp_path / "no-stop-file")}
+    return subprocess.run(["bash", str(copy)], env=env, timeout=60, check=False)  # the callers check the status
+
+
+@pytest.mark.parametrize("script", sorted((ROOT / "examples" / "experiments").glob("*.sh")), ids=lambda p: p.name)
+def test_an_experiment_script_runs_commands_that_parse(script, tmp_path, monkeypatch):
+    """The experiment scripts, run with a stand-in for rlvr that records its arguments: every command they would
+    run parses and its config validates, as the docs' commands do."""
     record = tmp_path / "commands.txt"
-    stand_in = tmp_path / "rlvr"
-    stand_in.write_text(f'#!/bin/bash\nprintf "%s\\x1f" "$@" >> {record}\necho >> {record}\n')
-    stand_in.chmod(0o755)
-    env = {**os.environ, "RLVR": str(stand_in), "STOP": str(tmp_path / "no-stop-file")}
-    subprocess.run(["bash", str(copy)], env=env, check=True, timeout=60)
+    run_script(script, tmp_path, f'printf "%s\\x1f" "$@" >> {record}\necho >> {record}').check_returncode()
     commands = [line.rstrip("\x1f").split("\x1f") for line in record.read_text().splitlines()]
     assert len(commands) >= 5, commands
     monkeypatch.chdir(ROOT)
@@ -115,18 +120,8 @@ def test_an_experiment_script_stops_at_an_interrupted_run(script, tmp_path):
     """A run that exits non-zero (130: SIGTERM or Ctrl-C after its checkpoint; or a failure) stops the script with
     that status, logs it, and is not counted as finished: the next command would otherwise train from a model that
     was never written, and a rerun would skip the unfinished one."""
-    import os
-    import subprocess
-
-    copy = tmp_path / "examples" / "experiments" / script.name
-    copy.parent.mkdir(parents=True)
-    copy.write_text(script.read_text(encoding="utf-8"), encoding="utf-8")
     record = tmp_path / "commands.txt"
-    stand_in = tmp_path / "rlvr"
-    stand_in.write_text(f'#!/bin/bash\necho "$1" >> {record}\nexit 130\n')
-    stand_in.chmod(0o755)
-    env = {**os.environ, "RLVR": str(stand_in), "STOP": str(tmp_path / "no-stop-file")}
-    done = subprocess.run(["bash", str(copy)], env=env, timeout=60)
+    done = run_script(script, tmp_path, f'echo "$1" >> {record}\nexit 130')
     assert done.returncode == 130
     assert len(record.read_text().splitlines()) == 1  # nothing ran after it
     logs = list((tmp_path / "runs").glob("*/log.txt"))
