@@ -1,22 +1,20 @@
 """Summarise runs/exp_s4 (examples/experiments/code_level3_arms.sh): per arm, validation pass rate at step 0
 and 10 (mean +- 95% t-interval over seeds), first-attempt pass rate (feedback arm), groups with spread and right
 answers trained per step, step time split."""
-import math
 import statistics
 from pathlib import Path
 
 from rlvr.core.tracking import read_jsonl
+from rlvr.experiments.stats import spread
 
-T = {1: 12.706, 2: 4.303, 3: 3.182}
 root = Path(__file__).resolve().parents[2] / "runs" / "exp_s4"  # run from anywhere in the repository
 
 
 def ci(xs):
     if len(xs) < 2:
         return f"{xs[0]:.3f}" if xs else "-"
-    m, s = statistics.mean(xs), statistics.stdev(xs)
-    half = T[len(xs) - 1] * s / math.sqrt(len(xs))
-    return f"{m:.3f} +- {half:.3f} (n={len(xs)}: {', '.join(f'{x:.3f}' for x in xs)})"
+    s = spread(xs)
+    return f"{s.mean:.3f} +- {s.half_width:.3f} (n={len(xs)}: {', '.join(f'{x:.3f}' for x in xs)})"
 
 
 # Runs after single_s0 skip the step-0 validation (eval_at_start=false): greedy decoding of the same SFT model on

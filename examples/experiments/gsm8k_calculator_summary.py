@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 
 from rlvr.core.tracking import read_jsonl
+from rlvr.experiments.stats import spread
 
 root = Path(__file__).resolve().parents[2] / "runs" / "exp_s5"  # run from anywhere in the repository
 Z = 1.96
@@ -25,11 +26,11 @@ for run in ("grpo_plain", "grpo_curriculum", "grpo_calc"):
           ", ".join(f"step {k}: {v:.3f}" for k, v in sorted(val.items())))
     if not steps:
         continue
-    spread = [1 - r["train/frac_groups_zero_std"] for r in steps]
+    with_spread = [1 - r["train/frac_groups_zero_std"] for r in steps]
     right = [r["train/answer_reward"] * 32 for r in steps]  # 32 rollouts a step
-    halves = f" (steps 1-10: {statistics.mean(spread[:10]):.3f}, 11-: {statistics.mean(spread[10:]):.3f})" \
-        if len(spread) > 10 else ""
-    print(f"  groups with spread {statistics.mean(spread):.3f} a step{halves}")
+    halves = f" (steps 1-10: {statistics.mean(with_spread[:10]):.3f}, 11-: {statistics.mean(with_spread[10:]):.3f})" \
+        if len(with_spread) > 10 else ""
+    print(f"  groups with spread {statistics.mean(with_spread):.3f} a step{halves}")
     print(f"  right answers trained {statistics.mean(right):.2f} a step ({sum(right):.0f} in all), by step: "
           + " ".join(f"{x:.0f}" for x in right))
     if "curriculum/batch_seen_fraction" in steps[-1]:
@@ -57,6 +58,6 @@ for a, b in (("sft_calc", "sft_plain"), ("grpo_calc", "grpo_plain"), ("grpo_plai
              ("grpo_calc", "sft_calc"), ("grpo_curriculum", "grpo_plain")):
     if a in tests and b in tests:
         d = [tests[a][q] - tests[b][q] for q in sorted(tests[a]) if q in tests[b]]
-        half = Z * statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else float("nan")
-        print(f"{a} - {b}: {statistics.mean(d):+.4f} +- {half:.4f} (paired over {len(d)} questions; "
+        s = spread(d)  # the t-interval of the mean per-question difference (t = 1.962 at 1,318 d.f.)
+        print(f"{a} - {b}: {s.mean:+.4f} +- {s.half_width:.4f} (paired over {len(d)} questions; "
               f"{sum(x > 0 for x in d)} gained, {sum(x < 0 for x in d)} lost)")
