@@ -212,3 +212,38 @@ def test_validate_reports_the_stub_score_as_val_metrics():
         "val/accuracy": 0.25, "val/format_rate": 8 / 12, "val/mean_response_tokens": 14.5,
         "val/truncated_rate": 2 / 12, "val/pass@1": 0.25, "val/pass@2": 4 / 9, "val/pass@3": 7 / 12,
         "val/pass@4": 2 / 3})
+
+
+def test_rlvr_eval_in_blocks_writes_what_one_call_over_every_question_gives(tmp_path, model_dir, monkeypatch):
+    """run_eval decodes block by block (so an interrupted evaluation keeps its blocks); the blocks are the engine's
+    own chunks (longest prompt first), so the records equal one evaluate() call's, sampled rows included."""
+    from rlvr.config import EvalConfig, load_config, sampling_params
+    from rlvr.core.models import load_model
+    from rlvr.stages.evaluation import eval_blocks, run_eval
+    from rlvr.tasks.datasets import load_split
+
+    chunks = []  # the prompt ids of every chunk the engine decodes, in order
+    decode = HFEngine._generate_chunk
+
+    def recorded(self, encoded, *args, **kwargs):
+        chunks.append([tuple(ids) for ids in encoded])
+        return decode(self, encoded, *args, **kwargs)
+
+    monkeypatch.setattr(HFEngine, "_generate_chunk", recorded)
+    cfg = load_config(EvalConfig, overrides=dict(model=str(model_dir), dataset="arithmetic", limit=9, samples=2,
+                                                 batch_size=4, max_new_tokens=12, dtype="float32",
+                                                 examples_per_category=0, out=str(tmp_path / "eval")))
+    run_eval(cfg)
+    blocked_chunks, chunks[:] = list(chunks), []
+    blocked = [json.loads(line) for line in (tmp_path / "eval" / "results.jsonl").read_text().splitlines()]
+    prompt = get_prompt(cfg.prompt)
+    examples = load_split(cfg, cfg.split, cfg.limit)
+    model, tokenizer = load_model(str(model_dir), dtype="float32")
+    blocks = eval_blocks(examples, prompt, tokenizer, 2)
+    assert len(blocks) == 5 and sorted(i for b in blocks for i in b) == list(range(9))
+    lengths = {len(prompt.format(ex.question, tokenizer)) for ex in examples}
+    assert len(lengths) > 1  # prompts of several lengths: the order matters
+    one = evaluate(HFEngine(model, tokenizer, batch_size=4, dtype="float32"), examples, prompt,
+                   sampling_params(cfg, stop=prompt.stop, seed=cfg.seed), tokenizer=tokenizer).records
+    assert chunks == blocked_chunks and len(chunks) == 5
+    assert [json.loads(json.dumps(r)) for r in one] == blocked

@@ -219,3 +219,45 @@ def test_ctrl_c_in_the_demo_stops_inside_a_stage_and_the_demo_continues_there(tm
     assert "stage 4 of 5: grpo [" in output and "reused from an earlier run: baseline eval, sft, sft eval" in output
     steps = [r["step"] for r in read_jsonl(metrics)]
     assert steps == list(range(0, 41)) and 2 <= stopped < 40  # one history (step 0: the SFT model's validation)
+
+
+def test_an_interrupted_evaluation_keeps_its_blocks_and_resume_true_finishes_it_exactly(tmp_path, model_dir):
+    """`rlvr eval` appends each finished block of questions to results.partial.jsonl: SIGTERM (or a kill, which
+    may cut the last line short) loses at most the block in flight, and the resumed evaluation writes what one
+    uninterrupted evaluation writes."""
+    import json
+
+    common = [f"model={model_dir}", "dataset=arithmetic:steps=1,max=9", "limit=40", "batch_size=1",
+              "max_new_tokens=64", "dtype=float32", "examples_per_category=0"]
+    code, out = rlvr("eval", *common, f"out={tmp_path / 'whole'}", cwd=tmp_path)
+    assert code == 0, out
+    run = tmp_path / "stopped"
+    partial = run / "results.partial.jsonl"
+    proc, log = _start(tmp_path, "eval", *common, f"out={run}")
+    try:
+        deadline = time.monotonic() + 120
+        while not (partial.is_file() and partial.read_text().count("\n") >= 3):  # the header and two blocks
+            assert proc.poll() is None and time.monotonic() < deadline, "the evaluation ended before two blocks"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        proc.kill()
+        log.close()
+    said = (tmp_path / "run.log").read_text()
+    assert "resume=true" in said and "Traceback" not in said, said
+    kept = partial.read_text().count("\n") - 1
+    assert 2 <= kept < 40 and not (run / "results.jsonl").exists()
+    with partial.open("a") as f:
+        f.write('{"block": 39, "seconds": 0.1, "records": [{"question_in')  # a kill while a block was written
+    code, out = rlvr("eval", *common, f"out={run}", cwd=tmp_path)
+    assert code == 2 and "resume=true" in out, out  # never overwritten without being asked
+    code, out = rlvr("eval", f"out={run}", "resume=true", "max_new_tokens=9", cwd=tmp_path)
+    assert code == 2 and "max_new_tokens: saved 64, now 9" in out, out
+    code, out = rlvr("eval", f"out={run}", "resume=true", cwd=tmp_path)
+    assert code == 0 and f"resume: {kept} of 40 blocks kept" in out, out
+    assert (run / "results.jsonl").read_text() == (tmp_path / "whole" / "results.jsonl").read_text()
+    summaries = [json.loads((d / "summary.json").read_text()) for d in (tmp_path / "whole", run)]
+    for s in summaries:
+        s.pop("seconds"), s.pop("completions_per_second")
+    assert summaries[0] == summaries[1] and summaries[0]["n"] == 40 and not partial.exists()

@@ -167,7 +167,7 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: list[st
 
 # Fields a resumed run may change: none of them can change what the run computes.
 RESUME_FREE = ("resume", "out", "tensorboard", "wandb_project", "log_rollouts_every", "save_every", "keep_checkpoints",
-               "distributed.timeout_s", "distributed.ready_timeout_s")
+               "distributed.timeout_s", "distributed.ready_timeout_s", "examples_per_category")
 
 
 def _flat(data: dict, prefix: str = "") -> dict[str, Any]:

@@ -41,6 +41,8 @@ class EvalConfig(DataFields):
                          "AVX512-BF16 or AMX; one without native kernels runs float32)")
     device: str = Field("auto", description=DEVICE_HELP)
     out: str | None = Field(None, description="output directory (default runs/eval/<model>-<prompt>-<split>)")
+    resume: bool = Field(False, description="continue the interrupted evaluation in `out`: the questions already "
+                         "in its results.partial.jsonl are not generated again")
     examples_per_category: int = Field(2, ge=0, description="example responses printed per category")
 
     @model_validator(mode="after")

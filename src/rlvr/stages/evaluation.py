@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -119,14 +120,22 @@ def evaluate(
             **{k: float(v) for k, v in s.items()},
             "tokens": len(c.token_ids),
             "finish_reason": c.finish_reason,
-            **({"turns": c.episode["turns"], "tool_calls": c.episode["tool_calls"], "end": c.episode["end"],
-                "turn_rewards": c.episode["turn_rewards"]}
-               if c.episode is not None else {}),
+            **({k: c.episode.get(k, 0.0) for k in EPISODE_FIELDS} if c.episode is not None else {}),
         })
     summary = summarize(records, sampling.n, time.perf_counter() - start)
     if env is not None:  # turns, tool calls, how episodes ended, rewards by turn
-        summary["env"] = {k: v for k, v in episode_metrics(completions).items() if k.startswith("env/")}
+        summary["env"] = env_summary(records)
     return EvalResult(records, summary)
+
+
+# what each evaluated episode keeps in its record: all that episode_metrics reads, so the summary of a resumed
+# evaluation is computed from the records of both parts as from one
+EPISODE_FIELDS = ("turns", "tool_calls", "end", "turn_rewards", "tool_errors", "observation_tokens", "tool_seconds")
+
+
+def env_summary(records: list[dict]) -> dict:
+    episodes = [types.SimpleNamespace(episode=r) for r in records if "turns" in r]
+    return {k: v for k, v in episode_metrics(episodes).items() if k.startswith("env/")}
 
 
 def write_results(out_dir: str | Path, result: EvalResult) -> None:
@@ -167,13 +176,72 @@ def print_summary(result: EvalResult, title: str = "evaluation", examples_per_ca
             console.print(r["response"][-600:], markup=False, highlight=False)
 
 
+PARTIAL = "results.partial.jsonl"
+
+
+def eval_blocks(examples: list[Example], prompt: PromptTemplate, tokenizer, per_block: int) -> list[list[int]]:
+    """Question indices in blocks of the engine's chunk size, longest prompt first as the engine orders one call's
+    prompts (a stable sort on the same ids): evaluating block by block decodes the very chunks one call over every
+    question would, so the blocks an interrupted evaluation kept are what an uninterrupted one computes."""
+    lengths = [len(tokenizer(prompt.format(ex.question, tokenizer), add_special_tokens=False).input_ids)
+               for ex in examples]
+    order = sorted(range(len(examples)), key=lambda i: -lengths[i])
+    return [order[c : c + per_block] for c in range(0, len(order), per_block)]
+
+
+def _partial_header(cfg: EvalConfig, n_questions: int) -> dict:
+    """What a kept block must have been computed with: every setting that changes a completion, the weights."""
+    settings = cfg.model_dump(mode="json", by_alias=True)
+    for free in ("resume", "out", "examples_per_category"):
+        settings.pop(free, None)
+    return {"settings": settings, "weights": ckpt.model_digest(Path(cfg.model)), "questions": n_questions}
+
+
+def read_partial(path: Path, header: dict) -> dict[int, dict]:
+    """The blocks an interrupted evaluation finished, by block number. Its last line may be cut short (killed
+    while writing): it is dropped. A header that differs from this command's names the settings that do."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if not lines:
+        return {}
+    try:
+        saved = json.loads(lines[0])["header"]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{path}:1: not the header of an rlvr evaluation's partial results; move the file away "
+                         "to evaluate from the beginning") from None
+    if saved != header:
+        old, new = saved.get("settings", {}), header["settings"]
+        changed = [f"{k}: saved {old.get(k)!r}, now {new.get(k)!r}" for k in sorted(set(old) | set(new))
+                   if old.get(k) != new.get(k)]
+        if saved.get("weights") != header["weights"]:
+            changed.append(f"the weights of {header['settings'].get('model')} differ from the ones evaluated")
+        if saved.get("questions") != header["questions"]:
+            changed.append(f"questions: saved {saved.get('questions')}, now {header['questions']}")
+        raise ValueError(f"resume=true continues the evaluation kept in {path}, made with other settings: "
+                         + "; ".join(changed) + ". Use the same settings, or another out= for a new evaluation")
+    blocks = {}
+    for number, line in enumerate(lines[1:], start=2):
+        try:
+            row = json.loads(line)
+            blocks[int(row["block"])] = row
+        except (ValueError, KeyError, TypeError):
+            if number == len(lines):  # cut short by a kill while it was written: that block runs again
+                log.warning("%s:%d: an incomplete last line (a block cut short); it is evaluated again", path, number)
+                break
+            raise ValueError(f"{path}:{number}: not a block of evaluation results; move the file away to evaluate "
+                             "from the beginning") from None
+    return blocks
+
+
 def run_eval(cfg: EvalConfig) -> dict:
-    """Evaluate a model with one prompt on one split; write results.jsonl and summary.json; print the table."""
+    """Evaluate a model with one prompt on one split; write results.jsonl and summary.json; print the table.
+    Blocks of questions are appended to results.partial.jsonl as they finish, so Ctrl-C, SIGTERM or a kill
+    loses at most the block in flight, and `resume=true` continues with the next one."""
     from tqdm import tqdm
 
     from rlvr.core.devices import native_dtype, resolve
     from rlvr.core.models import load_model
     from rlvr.engines.hf import HFEngine
+    from rlvr.stages.run import RunInterrupted, StopRequests
     from rlvr.tasks.datasets import load_split
     from rlvr.tasks.prompts import get_prompt
 
@@ -183,16 +251,58 @@ def run_eval(cfg: EvalConfig) -> dict:
     prompt = get_prompt(cfg.prompt)
     examples = load_split(cfg, cfg.split, cfg.limit)
     out = Path(cfg.out or f"runs/eval/{Path(cfg.model).name}-{cfg.prompt}-{cfg.split}")
+    partial = out / PARTIAL
+    header = _partial_header(cfg, len(examples))
+    kept = {}
+    if partial.is_file():
+        if not cfg.resume:
+            raise FileExistsError(f"{partial} holds an interrupted evaluation; pass resume=true to continue it, "
+                                  "or choose another out")
+        kept = read_partial(partial, header)
     out.mkdir(parents=True, exist_ok=True)
     cfg.save(out / "config.yaml")
     dtype = native_dtype(cfg.dtype, device)  # loaded in the engine's dtype: one copy of the weights
     model, tokenizer = load_model(cfg.model, dtype=dtype, device=device)
     engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size, dtype=dtype, prefix_cache_mib=cfg.env_cache_mib)
     sampling = sampling_params(cfg, stop=prompt.stop, seed=cfg.seed)
-    with tqdm(total=len(examples) * cfg.samples, unit="completion", desc=f"eval {cfg.prompt}") as bar:
-        result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer, progress=bar.update, env=cfg.env)
+    blocks = eval_blocks(examples, prompt, tokenizer, max(1, cfg.batch_size // cfg.samples))
+    if kept:
+        log.info("resume: %d of %d blocks kept in %s", len(kept), len(blocks), partial)
+    records = [r for b in sorted(kept) for r in kept[b]["records"]]
+    seconds = sum(kept[b]["seconds"] for b in kept)
+    # the header and the kept blocks written again (a line cut short by a kill is dropped), then appended to
+    tmp = partial.with_name(partial.name + ".tmp")
+    tmp.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n"
+                           for row in [{"header": header}] + [kept[b] for b in sorted(kept)]), encoding="utf-8")
+    os.replace(tmp, partial)
+    with tqdm(total=len(examples) * cfg.samples, initial=len(records), unit="completion",
+              desc=f"eval {cfg.prompt}") as bar, StopRequests() as stop, partial.open("a", encoding="utf-8") as f:
+        for number, block in enumerate(blocks):
+            if number in kept:
+                continue
+            if stop.requested is not None:
+                f.close()
+                bar.close()
+                raise RunInterrupted(
+                    f"interrupted after {len(records) // cfg.samples} of {len(examples)} questions; they are kept in "
+                    f"{partial}. Continue with: rlvr eval out={out} resume=true")
+            part = evaluate(engine, [examples[i] for i in block], prompt, sampling, tokenizer=tokenizer,
+                            progress=bar.update, env=cfg.env)
+            for r in part.records:
+                r["question_index"] = block[r["question_index"]]
+            f.write(json.dumps({"block": number, "seconds": part.summary["seconds"], "records": part.records},
+                               ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+            records += part.records
+            seconds += part.summary["seconds"]
+    records.sort(key=lambda r: (r["question_index"], r["sample_index"]))  # prompt-major, as one call returns them
+    result = EvalResult(records, summarize(records, cfg.samples, seconds))
+    if cfg.env is not None:
+        result.summary["env"] = env_summary(records)
     result.summary.update(model=cfg.model, prompt=cfg.prompt, dataset=cfg.dataset, split=cfg.split)
     write_results(out, result)
+    partial.unlink()  # after the results are written: nothing is lost between the two
     print_summary(result, title=f"{cfg.model} · {cfg.prompt} · {cfg.dataset}/{cfg.split}",
                   examples_per_category=cfg.examples_per_category)
     print(f"wrote {out}/results.jsonl and {out}/summary.json")
