@@ -196,7 +196,7 @@ def test_evaluate_grades_each_completion_by_its_prompt_index_not_its_position():
 
 def test_validate_reports_the_stub_score_as_val_metrics():
     from rlvr.config import TrainConfig
-    from rlvr.stages.evaluation import validate
+    from rlvr.stages.validation import validate
 
     cfg = TrainConfig(eval_samples=4, eval_temperature=0.7, eval_max_new_tokens=24, seed=5)
     engine, policy = StubEngine(), object()

@@ -168,7 +168,7 @@ def test_sampled_validation_beside_the_greedy_one_and_in_the_summary(tmp_path, m
     """eval_sampled_samples: a second validation at eval_sampled_temperature, logged as val_sampled/* at every
     validation step; its accuracy is the mean over samples (sampled pass@1) and reaches `rlvr summary`."""
     from rlvr.experiments.runs import load_groups, summarize
-    from rlvr.stages import evaluation as loop_common
+    from rlvr.stages import validation as loop_common
 
     calls = []
     real = loop_common.evaluate
@@ -193,7 +193,7 @@ def test_sampled_validation_beside_the_greedy_one_and_in_the_summary(tmp_path, m
 
 def test_start_validation_key_ignores_only_what_cannot_change_step_0(tmp_path, model_dir, monkeypatch):
     from rlvr.config import TrainConfig
-    from rlvr.stages.evaluation import NOT_IN_START_VALIDATION, start_validation_key
+    from rlvr.stages.validation import NOT_IN_START_VALIDATION, start_validation_key
 
     assert NOT_IN_START_VALIDATION <= set(TrainConfig.model_fields)  # no typo hides a field from the key
     key = start_validation_key(_cfg(model_dir, tmp_path / "a"))
@@ -216,7 +216,7 @@ def test_start_validation_key_ignores_only_what_cannot_change_step_0(tmp_path, m
 
 
 def test_step_0_validation_is_computed_once_and_skipping_it_changes_nothing_after(tmp_path, model_dir):
-    from rlvr.stages.evaluation import validation_cache
+    from rlvr.stages.validation import validation_cache
 
     # the sampled validation too, which draws random numbers: they come from its own streams
     common = dict(steps=2, seed=3, eval_sampled_samples=2, eval_limit=3)

@@ -18,7 +18,7 @@ rlvr.config.
 from rlvr.stages.curriculum import (Curriculum, first_pass, question_sampler, record_rollouts,
                                     sampler_state)
 from rlvr.stages.episodes import episode_metrics, run_episodes
-from rlvr.stages.evaluation import (evaluate, run_eval, start_validation, validate)
+from rlvr.stages.evaluation import evaluate, run_eval
 from rlvr.stages.learn import (distill_from_teacher, reference_log_probs, reference_model, teacher_model,
                                train_on_rollouts)
 from rlvr.stages.metrics import (RunMonitor, finished_validation, log_step, rollout_rows, step_metrics, timed,
@@ -29,6 +29,7 @@ from rlvr.stages.rollouts import (Rollouts, Scored, build_reward_fn, collect_rol
 from rlvr.stages.run import (RunInterrupted, StopRequests, build_engines, build_optimizer, finish_run, fmt_metrics,
                              frozen_dtype, load_frozen, load_policy, native_precision, open_logger, placement,
                              restore, start_run, trainer_state)
+from rlvr.stages.validation import start_validation, validate
 
 __all__ = ["Curriculum", "first_pass", "question_sampler", "record_rollouts", "sampler_state", "episode_metrics",
     "run_episodes",

@@ -27,7 +27,7 @@ from rlvr.config import DPOConfig
 from rlvr.core import checkpoint as ckpt
 from rlvr.core.devices import input_device
 from rlvr.engines.base import SamplingParams
-from rlvr.stages.evaluation import validate
+from rlvr.stages.validation import validate
 from rlvr.tasks.datasets import load_split
 from rlvr.tasks.prompts import PromptTemplate, get_prompt
 from rlvr.tasks.records import DataError, DataOrder, Example, jsonl_rows

@@ -26,7 +26,7 @@ from rlvr.algorithms.policy import (
 from rlvr.config import SFTConfig
 from rlvr.core import checkpoint as ckpt
 from rlvr.environments import environment_factory
-from rlvr.stages.evaluation import validate
+from rlvr.stages.validation import validate
 from rlvr.tasks.datasets import load_split
 from rlvr.tasks.prompts import get_prompt
 from rlvr.tasks.records import DataOrder
