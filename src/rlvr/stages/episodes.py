@@ -187,7 +187,11 @@ def run_episodes(engine: RolloutEngine, env_cls: type[Environment], questions: l
 def episode_metrics(completions: list[Completion]) -> dict[str, float]:
     """A step's `env/*` metrics: turns, tool calls, tool errors and timeouts, observation tokens, how episodes
     ended, the per-turn rewards by turn, and the wall seconds spent in the environments' steps."""
-    episodes = [c.episode for c in completions if c.episode is not None]
+    return episode_stats([c.episode for c in completions if c.episode is not None])
+
+
+def episode_stats(episodes: list[dict]) -> dict[str, float]:
+    """episode_metrics of the episodes' records (Completion.episode, or an evaluation's records of them)."""
     if not episodes:
         return {}
     k = len(episodes)

@@ -12,13 +12,12 @@ import logging
 import math
 import os
 import time
-import types
 from pathlib import Path
 
-from rlvr.config import EvalConfig, sampling_params
+from rlvr.config import RESUME_FREE, EvalConfig, sampling_params
 from rlvr.core import checkpoint as ckpt
 from rlvr.engines.base import RolloutEngine, SamplingParams
-from rlvr.stages.episodes import apply_env_rewards, episode_metrics, generate
+from rlvr.stages.episodes import apply_env_rewards, episode_stats, generate
 from rlvr.tasks.prompts import PromptTemplate
 from rlvr.tasks.records import Example
 from rlvr.tasks.rewards import get_reward_fn, score_batch
@@ -124,14 +123,13 @@ def evaluate(
     return EvalResult(records, summary)
 
 
-# what each evaluated episode keeps in its record: all that episode_metrics reads, so the summary of a resumed
+# what each evaluated episode keeps in its record: all that episode_stats reads, so the summary of a resumed
 # evaluation is computed from the records of both parts as from one
 EPISODE_FIELDS = ("turns", "tool_calls", "end", "turn_rewards", "tool_errors", "observation_tokens", "tool_seconds")
 
 
 def env_summary(records: list[dict]) -> dict:
-    episodes = [types.SimpleNamespace(episode=r) for r in records if "turns" in r]
-    return {k: v for k, v in episode_metrics(episodes).items() if k.startswith("env/")}
+    return {k: v for k, v in episode_stats([r for r in records if "turns" in r]).items() if k.startswith("env/")}
 
 
 def write_results(out_dir: str | Path, result: EvalResult) -> None:
@@ -187,9 +185,7 @@ def eval_blocks(examples: list[Example], prompt: PromptTemplate, tokenizer, per_
 
 def _partial_header(cfg: EvalConfig, n_questions: int) -> dict:
     """What a kept block must have been computed with: every setting that changes a completion, the weights."""
-    settings = cfg.model_dump(mode="json", by_alias=True)
-    for free in ("resume", "out", "examples_per_category"):
-        settings.pop(free, None)
+    settings = {k: v for k, v in cfg.model_dump(mode="json", by_alias=True).items() if k not in RESUME_FREE}
     return {"settings": settings, "weights": ckpt.model_digest(Path(cfg.model)), "questions": n_questions}
 
 
@@ -277,8 +273,6 @@ def run_eval(cfg: EvalConfig) -> dict:
             if number in kept:
                 continue
             if stop.requested is not None:
-                f.close()
-                bar.close()
                 raise RunInterrupted(
                     f"interrupted after {len(records) // cfg.samples} of {len(examples)} questions; they are kept in "
                     f"{partial}. Continue with: rlvr eval out={out} resume=true")
