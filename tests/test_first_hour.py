@@ -246,6 +246,7 @@ def test_an_interrupted_evaluation_keeps_its_blocks_and_resume_true_finishes_it_
         log.close()
     said = (tmp_path / "run.log").read_text()
     assert "resume=true" in said and "Traceback" not in said, said
+    assert "SIGTERM: stopping after the block in flight" in said, said  # a block, not a training step
     kept = partial.read_text().count("\n") - 1
     assert 2 <= kept < 40 and not (run / "results.jsonl").exists()
     with partial.open("a") as f:

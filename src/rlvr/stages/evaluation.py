@@ -268,7 +268,7 @@ def run_eval(cfg: EvalConfig) -> dict:
                            for row in [{"header": header}] + [kept[b] for b in sorted(kept)]), encoding="utf-8")
     os.replace(tmp, partial)
     with tqdm(total=len(examples) * cfg.samples, initial=len(records), unit="completion",
-              desc=f"eval {cfg.prompt}") as bar, StopRequests() as stop, partial.open("a", encoding="utf-8") as f:
+              desc=f"eval {cfg.prompt}") as bar, StopRequests("block") as stop, partial.open("a", encoding="utf-8") as f:
         for number, block in enumerate(blocks):
             if number in kept:
                 continue

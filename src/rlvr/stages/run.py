@@ -181,8 +181,9 @@ class StopRequests:
     half-applied update is ever saved); a second signal stops at once (KeyboardInterrupt). Only the main thread
     can install handlers: elsewhere (a Ray actor's thread) this does nothing and the signals keep their meaning."""
 
-    def __init__(self):
+    def __init__(self, unit: str = "step"):
         self.requested: int | None = None
+        self.unit = unit  # what finishes before the stop, as the message names it ("block" for `rlvr eval`)
         self._previous: dict = {}
 
     def __enter__(self):
@@ -203,7 +204,7 @@ class StopRequests:
             self.__exit__()
             raise KeyboardInterrupt
         self.requested = signum
-        print(f"\n{signal.Signals(signum).name}: stopping after the step in flight (again to stop at once)",
+        print(f"\n{signal.Signals(signum).name}: stopping after the {self.unit} in flight (again to stop at once)",
               file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
