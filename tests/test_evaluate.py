@@ -247,3 +247,28 @@ def test_rlvr_eval_in_blocks_writes_what_one_call_over_every_question_gives(tmp_
                    sampling_params(cfg, stop=prompt.stop, seed=cfg.seed), tokenizer=tokenizer).records
     assert chunks == blocked_chunks and len(chunks) == 5
     assert [json.loads(json.dumps(r)) for r in one] == blocked
+
+
+def test_read_partial_keeps_the_finished_blocks_of_the_same_evaluation_and_names_what_differs(tmp_path, monkeypatch):
+    from rlvr.stages.evaluation import read_partial
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    header = {"settings": {"model": "m", "max_new_tokens": 64, "split": "test"}, "weights": "abc", "questions": 40}
+    path = tmp_path / "results.partial.jsonl"
+    blocks = [{"block": b, "seconds": 0.5, "records": [{"question_index": b}]} for b in (0, 1)]
+    path.write_text("\n".join(json.dumps(x) for x in [{"header": header}, *blocks]) + '\n{"block": 2, "rec')
+    assert read_partial(path, header) == {0: blocks[0], 1: blocks[1]}  # the cut-short last block runs again
+    # the same model directory spelled another way is the same evaluation
+    same = {**header, "settings": {**header["settings"], "model": str(tmp_path / "m")}}
+    assert read_partial(path, same) == {0: blocks[0], 1: blocks[1]}
+    other = {"settings": {**header["settings"], "max_new_tokens": 9}, "weights": "abd", "questions": 41}
+    with pytest.raises(ValueError) as err:
+        read_partial(path, other)
+    said = str(err.value)
+    assert "max_new_tokens: saved 64, now 9" in said and "the weights of m differ" in said
+    assert "questions: saved 40, now 41" in said and str(path) in said
+    path.write_text("\n".join(json.dumps(x) for x in [{"header": header}, blocks[0]]) + "\nnot json\n"
+                    + json.dumps(blocks[1]) + "\n")
+    with pytest.raises(ValueError, match=r"results\.partial\.jsonl:3: not a block"):  # a broken line in the middle
+        read_partial(path, header)

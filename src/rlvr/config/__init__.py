@@ -20,6 +20,7 @@ from rlvr.config.base import (
     fields_help,
     load_config,
     parse_overrides,
+    setting_changes,
     unknown_field,
 )
 from rlvr.config.commands import DemoConfig, DPOConfig, EvalConfig, SFTConfig, TrainConfig, sampling_params
@@ -46,5 +47,5 @@ __all__ = [
     "DemoConfig", "DistributedConfig", "Dtype", "EvalConfig", "NONE_IS_A_CHOICE", "PlacementConfig", "RESUME_FREE",
     "RolloutCorrectionConfig", "RolloutCorrectionMode", "SFTConfig", "SFT_PROMPTS", "SamplingMismatchWarning",
     "SandboxConfig", "TrainConfig", "TrainingFields", "choose_backend", "fields_help", "load_config",
-    "parse_overrides", "sampling_params", "unknown_field",
+    "parse_overrides", "setting_changes", "sampling_params", "unknown_field",
 ]

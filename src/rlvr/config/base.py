@@ -196,6 +196,15 @@ def _same_setting(a, b) -> bool:
     return False
 
 
+def setting_changes(old: dict, new: dict, free=lambda key, old, new: False) -> list[str]:
+    """"key: saved X, now Y" for each setting of two dumped configs (sections flattened to section.field) whose
+    values differ, two spellings of one existing path counting as one; `free(key, old, new)` true: it may differ.
+    The one wording of every "resume continues with the settings it was started with" refusal."""
+    old, new = _flat(old), _flat(new)
+    return [f"{key}: saved {old.get(key)!r}, now {new.get(key)!r}" for key in [*old, *(k for k in new if k not in old)]
+            if not _same_setting(old.get(key), new.get(key)) and not free(key, old.get(key), new.get(key))]
+
+
 def _resumed(cls: type[C], data: dict, source: str) -> dict:
     """resume=true continues the run in `out` with the settings it was started with (its config.yaml): the
     fields given now are checked against them, and one that would change the run is refused, naming its saved
@@ -215,10 +224,8 @@ def _resumed(cls: type[C], data: dict, source: str) -> dict:
         after = cls.model_validate(merged)
     except ValidationError as err:
         raise ConfigError(_describe(err, f"{source} + {saved_path}")) from None
-    old, new = _flat(before.model_dump(mode="json", by_alias=True)), _flat(after.model_dump(mode="json", by_alias=True))
-    changed = [f"{key}: saved {old.get(key)!r}, now {new.get(key)!r}" for key in old
-               if not _same_setting(old.get(key), new.get(key)) and key not in RESUME_FREE
-               and not (key == "steps" and new[key] > old[key])]
+    old, new = before.model_dump(mode="json", by_alias=True), after.model_dump(mode="json", by_alias=True)
+    changed = setting_changes(old, new, lambda key, was, now: key in RESUME_FREE or (key == "steps" and now > was))
     if changed:
         raise ConfigError(f"resume=true continues {run_dir} with the settings it was started with ({saved_path}); "
                           f"{'this differs' if len(changed) == 1 else 'these differ'}: " + "; ".join(changed)

@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-from rlvr.config import RESUME_FREE, EvalConfig, sampling_params
+from rlvr.config import RESUME_FREE, EvalConfig, sampling_params, setting_changes
 from rlvr.core import checkpoint as ckpt
 from rlvr.engines.base import RolloutEngine, SamplingParams
 from rlvr.stages.episodes import apply_env_rewards, episode_stats, generate
@@ -200,14 +200,12 @@ def read_partial(path: Path, header: dict) -> dict[int, dict]:
     except (ValueError, KeyError, TypeError):
         raise ValueError(f"{path}:1: not the header of an rlvr evaluation's partial results; move the file away "
                          "to evaluate from the beginning") from None
-    if saved != header:
-        old, new = saved.get("settings", {}), header["settings"]
-        changed = [f"{k}: saved {old.get(k)!r}, now {new.get(k)!r}" for k in sorted(set(old) | set(new))
-                   if old.get(k) != new.get(k)]
-        if saved.get("weights") != header["weights"]:
-            changed.append(f"the weights of {header['settings'].get('model')} differ from the ones evaluated")
-        if saved.get("questions") != header["questions"]:
-            changed.append(f"questions: saved {saved.get('questions')}, now {header['questions']}")
+    changed = setting_changes(saved.get("settings", {}), header["settings"])
+    if saved.get("weights") != header["weights"]:
+        changed.append(f"the weights of {header['settings'].get('model')} differ from the ones evaluated")
+    if saved.get("questions") != header["questions"]:
+        changed.append(f"questions: saved {saved.get('questions')}, now {header['questions']}")
+    if changed:
         raise ValueError(f"resume=true continues the evaluation kept in {path}, made with other settings: "
                          + "; ".join(changed) + ". Use the same settings, or another out= for a new evaluation")
     blocks = {}
