@@ -30,7 +30,9 @@ res() { [ -d $1/checkpoints ] && echo resume=true; }
 SFT="--config configs/sft_gsm8k.yaml eval_every=0 save_every=10"
 GRPO="--config configs/grpo_gsm8k.yaml seed=0 eval_every=10 save_every=5"
 job sft_plain $R sft $SFT out=$D/sft_plain $(res $D/sft_plain)
-EVAL="split=test max_new_tokens=256 batch_size=64 resume=true"  # an interrupted evaluation keeps its blocks
+# an interrupted evaluation keeps its blocks; bfloat16 as the runs' own validation decodes (on a CPU with AMX,
+# 1,319 questions in about 11 min against 18 in float32; the two agree on 6 vs 7 of sft_plain's first 128)
+EVAL="split=test max_new_tokens=256 batch_size=64 dtype=bfloat16 resume=true"
 job test_sft_plain $R eval model=$D/sft_plain/final $EVAL out=$D/test_sft_plain
 # the untrained model's validation (0.00 in sft_plain, 318 s) is not measured twice
 job sft_calc $R sft $SFT env=gsm8k_calculator eval_at_start=false out=$D/sft_calc $(res $D/sft_calc)
