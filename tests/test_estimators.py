@@ -116,7 +116,7 @@ def test_loss_noclip_is_minus_advantage_times_ratio():
 
 
 def test_loss_grpo_clip_hand_values():
-    loss, meta = compute_policy_gradient_loss(A, LOGP, "clip", old_log_probs=OLD, cliprange=0.2)
+    loss, meta = compute_policy_gradient_loss(A, LOGP, "grpo", old_log_probs=OLD, cliprange=0.2)
     # row 0 (A=2): ratios [1, e^-1]; min(A w, A clip(w)) = [2, 2 e^-1] (the clip of a small ratio never binds for A>0)
     # row 1 (A=-1): ratios [e^.5, e^-2]; min = [-e^.5, -0.8] -> the second token takes the clipped branch
     expected = torch.tensor([[-2.0, -2 * e(-1)], [e(0.5), 0.8]])
@@ -127,9 +127,9 @@ def test_loss_grpo_clip_hand_values():
 def test_loss_grpo_clip_higher_is_asymmetric():
     # ratio 1.25 with A > 0: clipped at 1.2 by eps=0.2, free under DAPO's eps_high=0.28
     logp, old = torch.tensor([[math.log(1.25)]]), torch.zeros(1, 1)
-    sym, m1 = compute_policy_gradient_loss(torch.tensor([1.0]), logp, "clip", old_log_probs=old, cliprange=0.2)
+    sym, m1 = compute_policy_gradient_loss(torch.tensor([1.0]), logp, "grpo", old_log_probs=old, cliprange=0.2)
     high, m2 = compute_policy_gradient_loss(
-        torch.tensor([1.0]), logp, "clip", old_log_probs=old, cliprange=0.2, cliprange_high=0.28
+        torch.tensor([1.0]), logp, "grpo", old_log_probs=old, cliprange=0.2, cliprange_high=0.28
     )
     assert sym.item() == pytest.approx(-1.2) and m1["clip_fraction"].item() == 1.0
     assert high.item() == pytest.approx(-1.25) and m2["clip_fraction"].item() == 0.0
@@ -138,7 +138,7 @@ def test_loss_grpo_clip_higher_is_asymmetric():
 def test_clip_fraction_counts_both_branches_of_the_clip():
     # A > 0 clipped above (ratio 1.5 > 1.2), A < 0 clipped below (ratio 0.5 < 0.8), and one free token of each
     logp = torch.log(torch.tensor([[1.5, 1.1], [0.5, 0.9]]))
-    loss, meta = compute_policy_gradient_loss(torch.tensor([1.0, -1.0]), logp, "clip", old_log_probs=torch.zeros(2, 2),
+    loss, meta = compute_policy_gradient_loss(torch.tensor([1.0, -1.0]), logp, "grpo", old_log_probs=torch.zeros(2, 2),
                                               cliprange=0.2)
     torch.testing.assert_close(loss, torch.tensor([[-1.2, -1.1], [0.8, 0.9]]))
     assert meta["clip_fraction"].item() == 0.5
@@ -167,7 +167,8 @@ def test_loss_cispo_hand_values():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(importance_reweighting_method="clip", cliprange=0.2), "needs old_log_probs"),
+        (dict(importance_reweighting_method="grpo", cliprange=0.2), "needs old_log_probs"),
+        (dict(importance_reweighting_method="grpo", old_log_probs=OLD), "needs cliprange"),
         (dict(importance_reweighting_method="clip", old_log_probs=OLD), "needs cliprange"),
         (dict(importance_reweighting_method="gspo", old_log_probs=OLD), "needs cliprange"),
         (dict(importance_reweighting_method="ppo"), "importance_reweighting_method='ppo'"),
@@ -298,7 +299,7 @@ def _closed_form_gradient(method, logp, old, mask, adv, eps, eps_high, c):
         return -ci * A * m
     if method == "noclip":
         return -ci * A * w * m
-    if method == "clip":
+    if method in ("grpo", "clip"):
         keep = torch.where(A >= 0, w < 1 + eps_high, w > 1 - eps).float()  # eq. 60
         return -ci * keep * w * A * m
     if method == "cispo":
@@ -312,7 +313,7 @@ def _closed_form_gradient(method, logp, old, mask, adv, eps, eps_high, c):
     raise AssertionError(method)
 
 
-METHODS = ["none", "noclip", "clip", "gspo", "cispo"]
+METHODS = ["none", "noclip", "grpo", "clip", "gspo", "cispo"]  # seed 004's four, rlvr's name of grpo, CISPO
 AGGREGATIONS = ["sequence", "sum", "constant", "token"]
 
 
@@ -332,7 +333,7 @@ def test_autograd_gradient_equals_closed_form(method, aggregation, seed):
     expected = _closed_form_gradient(method, logp.detach(), old, mask, adv, eps, eps_high,
                                      _sequence_weights(aggregation, mask, constant))
     torch.testing.assert_close(logp.grad, expected, rtol=1e-5, atol=1e-7)
-    if method in ("clip", "gspo"):
+    if method in ("grpo", "clip", "gspo"):
         # the test data must exercise both branches of the clip, or it proves little
         assert 0.0 < meta["clip_fraction"].item() < 1.0
 
@@ -440,15 +441,17 @@ def test_unknown_preset_lists_valid_names():
         S.Preset("mean", "std", "clip", "sequence").validate()
 
 
-def test_the_removed_name_of_the_clip_is_refused_with_the_valid_ones():
-    # "grpo" was the PPO clip's old importance-method name, kept for one release (issue 37 removed it)
-    with pytest.raises(ValueError, match=r"importance_reweighting_method='grpo' is not one of .*'clip'"):
-        compute_policy_gradient_loss(A, LOGP, "grpo", old_log_probs=OLD, cliprange=0.2)
-    from rlvr.config import ConfigError, TrainConfig, load_config
+def test_seed_name_of_the_clip_and_rlvr_name_are_one_method():
+    # "grpo" is seed 004's name of the PPO clip (issue 37 had removed it; issue 56 restored it), "clip" rlvr's
+    seed, seed_meta = compute_policy_gradient_loss(A, LOGP, "grpo", old_log_probs=OLD, cliprange=0.2)
+    own, own_meta = compute_policy_gradient_loss(A, LOGP, "clip", old_log_probs=OLD, cliprange=0.2)
+    assert torch.equal(seed, own) and seed_meta.keys() == own_meta.keys()
+    assert all(torch.equal(seed_meta[k], own_meta[k]) for k in seed_meta)
+    from rlvr.config import TrainConfig, load_config
 
-    with pytest.raises(ConfigError, match="importance_reweighting_method"):
-        load_config(TrainConfig, overrides={"algorithm": "offpolicy_naive", "importance_reweighting_method": "grpo",
-                                            "cliprange": 0.2})
+    cfg = load_config(TrainConfig, overrides={"algorithm": "offpolicy_naive", "importance_reweighting_method": "grpo",
+                                              "cliprange": 0.2})
+    assert cfg.estimator.importance_reweighting_method == "grpo" and cfg.estimator.needs_old_log_probs
 
 
 def test_rollout_correction_weights_by_hand():

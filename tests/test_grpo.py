@@ -59,11 +59,11 @@ def _old_log_probs(model, tokenizer, seed=0):
 
 
 @pytest.mark.parametrize("normalization", ["sequence", "constant", "token"])
-@pytest.mark.parametrize("method", ["none", "noclip", "clip", "gspo", "cispo"])
+@pytest.mark.parametrize("method", ["none", "noclip", "grpo", "gspo", "cispo"])  # seed 004's names
 def test_update_equals_whole_batch_gradient(tiny_model, tokenizer, normalization, method):
     constant = 500.0 if normalization == "constant" else None
     old = None if method == "none" else _old_log_probs(tiny_model, tokenizer)
-    cliprange = {"clip": 0.2, "gspo": 0.05, "cispo": 0.2}.get(method)
+    cliprange = {"grpo": 0.2, "gspo": 0.05, "cispo": 0.2}.get(method)
     ref_loss, ref_grads, adv = _reference_gradient(tiny_model, tokenizer, method, old, cliprange, normalization,
                                                    constant, "std")
     before = {n: p.detach().clone() for n, p in tiny_model.named_parameters()}
@@ -78,7 +78,7 @@ def test_update_equals_whole_batch_gradient(tiny_model, tokenizer, normalization
         torch.testing.assert_close(before[name] - p.detach(), ref_grads[name], rtol=1e-4, atol=1e-6)
         assert p.grad is None  # cleared after the step
     assert meta["train_reward"] == pytest.approx(3 / 9) and meta["train_format_reward"] == pytest.approx(6 / 9)
-    if method in ("clip", "gspo", "cispo"):
+    if method in ("grpo", "gspo", "cispo"):
         assert 0.0 <= meta["clip_fraction"] <= 1.0
 
 
@@ -143,5 +143,5 @@ def test_kl_term_and_on_policy_ratio(tiny_model, tokenizer):
     assert meta["trained_rollouts"] == 9 and meta["kl"] > 0 and meta["grad_norm"] > 0
     # on_policy_ratio: the first update on fresh rollouts has ratio exactly 1, so clipping never binds
     _, meta = run_update(tiny_model, _sgd(tiny_model), batch, torch.linspace(-1, 1, 9), 3, None,
-                                     importance_reweighting_method="clip", cliprange=0.2, on_policy_ratio=True)
+                                     importance_reweighting_method="grpo", cliprange=0.2, on_policy_ratio=True)
     assert meta["clip_fraction"] == 0.0 and meta["ratio_min"] == meta["ratio_max"] == 1.0

@@ -24,7 +24,9 @@ import torch
 # Each set of choices is written once, as a Literal; the tuples of names are read off it.
 Baseline = Literal["mean", "none"]
 AdvantageNormalizer = Literal["std", "mean", "none"]
-ImportanceMethod = Literal["none", "noclip", "clip", "gspo", "cispo"]
+# "grpo" is seed 004's name for the PPO clip (its Literal["none", "noclip", "grpo", "gspo"]) and "clip" rlvr's;
+# both name one method, and both stay accepted: the seed's names are a public contract.
+ImportanceMethod = Literal["none", "noclip", "clip", "grpo", "gspo", "cispo"]
 LossNormalization = Literal["sequence", "sum", "constant", "token"]
 KLEstimator = Literal["k1", "k2", "k3"]
 RolloutCorrection = Literal["none", "token_tis", "sequence_tis", "token_mask", "sequence_mask"]

@@ -42,8 +42,9 @@ def compute_policy_gradient_loss(
 
         "none"    -A log pi                                   eq. 14, 20, 25, 28/32, 33, 34, 37, 43 (on-policy)
         "noclip"  -A w_t                                      eq. 56 (token-level reweighting, 48)
-        "clip"    -min(A w_t, A clip(w_t, 1-eps, 1+eps_high)) eq. 57-60 (the PPO clip GRPO uses; DAPO's clip-higher
-                                                              when eps_high > eps)
+        "grpo"    -min(A w_t, A clip(w_t, 1-eps, 1+eps_high)) eq. 57-60 (the PPO clip GRPO uses; DAPO's clip-higher
+        or "clip"                                             when eps_high > eps). "grpo" is seed 004's name,
+                                                              "clip" rlvr's: the same method.
         "gspo"    -min(A s, A clip(s, 1-eps, 1+eps_high))     eq. 62-65, s = exp(mean_t log w_t) over the
                   response tokens (a geometric mean, in log space). The sequence's value is repeated at
                   every position of its row; masking happens in aggregation, so per-sequence averaging
@@ -74,7 +75,7 @@ def compute_policy_gradient_loss(
         raise ValueError(f"importance_reweighting_method={importance_reweighting_method!r} needs old_log_probs")
     check_shape("old_log_probs", old_log_probs, policy_log_probs.shape, "policy_log_probs")
     check_finite("old_log_probs", old_log_probs, response_mask)
-    needs_clip = importance_reweighting_method in ("clip", "gspo", "cispo")
+    needs_clip = importance_reweighting_method in ("clip", "grpo", "gspo", "cispo")
     if needs_clip and cliprange is None and not (importance_reweighting_method == "cispo" and cliprange_high):
         raise ValueError(f"importance_reweighting_method={importance_reweighting_method!r} needs cliprange")
     for name, value in (("cliprange", cliprange), ("cliprange_high", cliprange_high)):
@@ -120,6 +121,7 @@ def compute_policy_gradient_loss(
         weight = ratio.clamp(max=high).detach()
         metadata["clip_fraction"] = masked_mean((ratio > high).float(), mask)
         return -weight * advantages * policy_log_probs, metadata
+    # what is left is "grpo" / "clip", the PPO clip (eq. 57-60)
     unclipped = advantages * ratio
     clipped = advantages * ratio.clamp(low, high)
     metadata["clip_fraction"] = masked_mean((clipped < unclipped).float(), mask)

@@ -125,7 +125,7 @@ class EstimatorSpec:
         if spec.advantage == "group" and spec.baseline == "none" and spec.advantage_normalizer == "std":
             raise ValueError("baseline='none' with advantage_normalizer='std' divides raw rewards by the group std: "
                              "a group that is all right gets advantages of 1/eps = 1e6; use baseline='mean'")
-        if method in ("clip", "gspo") and spec.cliprange is None:
+        if method in ("clip", "grpo", "gspo") and spec.cliprange is None:
             raise ValueError(f"importance_reweighting_method={method!r} needs cliprange")
         if method == "cispo" and spec.cliprange is None and spec.cliprange_high is None:
             raise ValueError("importance_reweighting_method='cispo' needs cliprange or cliprange_high")
@@ -195,7 +195,7 @@ def _seed_loss(method: str) -> PolicyLossFn:
     return loss
 
 
-for _method in ("none", "noclip", "clip", "gspo", "cispo"):
+for _method in ("none", "noclip", "clip", "grpo", "gspo", "cispo"):  # "grpo": seed 004's name of "clip"
     register_policy_loss(_method, needs_old_log_probs=_method != "none")(_seed_loss(_method))
 
 

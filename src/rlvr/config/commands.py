@@ -96,7 +96,8 @@ class TrainConfig(TrainingFields):
     advantage: str | None = Field(None, description="advantage function: group (seed 004) or a registered one")
     advantage_eps: float | None = Field(None, ge=0)
     importance_reweighting_method: str | None = Field(
-        None, description="none | noclip | clip | gspo | cispo, or a registered policy loss ('grpo': old name of clip)")
+        None, description="none | noclip | grpo | gspo (seed 004's names) | clip (rlvr's name of grpo) | cispo, or a "
+        "registered policy loss")
     cliprange: float | None = Field(None, ge=0)
     cliprange_high: float | None = Field(None, ge=0)
     loss_normalization: str | None = Field(None, description="sequence | sum | constant | token")
