@@ -25,8 +25,13 @@ def train_on_rollouts(model, optimizer, scheduler, reference, batch: TrainBatch,
     `teacher`: on-policy distillation's, for distill_kl reverse / forward (its KL is part of every update's loss).
     pi_old is the policy before this batch's first update (the live policy in that update, scored before it
     for the later ones), in every mode; the sampler's own log-probs (`batch.rollout_log_probs`: its numerics,
-    in async RL its older weights) enter through `cfg.rollout_correction`, as in decoupled PPO."""
+    in async RL its older weights) enter through `cfg.rollout_correction`, as in decoupled PPO. The correction's
+    weight pi_old / mu needs pi_old on every train batch, so pi_old is scored once per rollout batch when the
+    correction is on, also for an estimator without a ratio (offpolicy_naive); with mode none such an estimator
+    measures the mismatch on the first train batch only, where the live policy is pi_old."""
     k = spec.steps_per_rollout
+    correction = cfg.rollout_correction.spec()
+    corrected = correction.mode != "none" and batch.rollout_log_probs is not None
     rows = list(range(len(batch)))
     if k > 1:
         random.Random(f"{cfg.seed}-{step}-minibatches").shuffle(rows)
@@ -42,7 +47,7 @@ def train_on_rollouts(model, optimizer, scheduler, reference, batch: TrainBatch,
         return [split[j] for j in local]
 
     with timed(times, "old_logprobs"):
-        if spec.needs_old_log_probs and k > 1:  # before any update; the first uses the live policy
+        if (spec.needs_old_log_probs or corrected) and k > 1:  # before any update; the first uses the live policy
             later = [r for split in splits[1:] for r in my_rows(split)]
             batch.old_log_probs = score_log_probs(model, batch.input_ids, batch.labels, batch.response_mask,
                                                   cfg.microbatch_size, cfg.precision, rows=later,
@@ -58,12 +63,14 @@ def train_on_rollouts(model, optimizer, scheduler, reference, batch: TrainBatch,
             part = batch.rows(split)
             if i == 0:
                 part.old_log_probs = None  # the live policy is pi_old for the first update
+            elif part.old_log_probs is None:
+                part.rollout_log_probs = None  # no pi_old to compare the sampler with (the live policy has drifted)
             try:
                 loss, meta = policy_gradient_update(
                     model, optimizer, part, spec, math.ceil(len(split) / cfg.microbatch_size), cfg.max_grad_norm,
                     on_policy_ratio=spec.needs_old_log_probs and part.old_log_probs is None, precision=cfg.precision,
                     share_prefix=cfg.share_prefix, temperature=cfg.temperature, parallel=parallel,
-                    rollout_correction=cfg.rollout_correction.spec(), teacher=teacher)
+                    rollout_correction=correction, teacher=teacher)
                 updates.append({"loss": float(loss), **meta})
             except NonFiniteLoss as err:
                 log.error("step %d, train batch %d: %s", step, i, err)
