@@ -222,6 +222,20 @@ def test_one_backend_per_group_from_where_its_ranks_run():
         TrainConfig(device="cpu", distributed={"rollout_workers": 1, "learner_num_gpus": 1})
 
 
+def test_async_mode_with_a_broadcast_weight_sync_is_refused_naming_the_way_that_overlaps():
+    from rlvr.config import TrainConfig
+
+    # a worker joins the broadcast only after the batches queued on it: the learners would wait for them
+    with pytest.raises(ValueError, match=r"async.max_staleness=2 with distributed.weight_sync=broadcast does not "
+                                         r"overlap.*use distributed.weight_sync=object_store"):
+        TrainConfig(distributed={"rollout_workers": 2, "weight_sync": "broadcast"}, **{"async": {"max_staleness": 2}})
+    # each alone, and K=0 (synchronous) with the broadcast, stay valid
+    assert TrainConfig(distributed={"rollout_workers": 2}, **{"async": {"max_staleness": 2}}).async_.max_staleness == 2
+    for k in (None, 0):
+        cfg = TrainConfig(distributed={"rollout_workers": 2, "weight_sync": "broadcast"}, **{"async": {"max_staleness": k}})
+        assert cfg.distributed.weight_sync == "broadcast"
+
+
 def test_an_actor_runs_where_ray_put_it(monkeypatch):
     from rlvr.core import devices
     from rlvr.core.devices import actor_device

@@ -195,6 +195,14 @@ class TrainConfig(TrainingFields):
         if self.async_.max_staleness and not self.distributed.rollout_workers:
             raise ValueError(f"async.max_staleness={self.async_.max_staleness} overlaps rollouts with training: "
                              "it needs distributed.rollout_workers >= 1")
+        if self.async_.max_staleness and self.distributed.weight_sync == "broadcast":
+            # an actor runs its calls in order: a worker joins the collective only after the batches queued on it,
+            # and learner 0 and the other workers wait inside it until then (docs/cluster.md, "Weights")
+            raise ValueError(f"async.max_staleness={self.async_.max_staleness} with distributed.weight_sync=broadcast "
+                             "does not overlap: each worker joins the weight broadcast only after the batches queued "
+                             "on it, and learner 0 and the idle workers wait inside the broadcast until then; use "
+                             "distributed.weight_sync=object_store (the learner's put returns at once, each worker "
+                             "reads the weights when it is free), or async.max_staleness=0")
         if self.dynamic_sampling_questions is not None:
             if not self.dynamic_sampling:
                 raise ValueError("dynamic_sampling_questions sizes dynamic sampling's first round: set "

@@ -19,7 +19,8 @@ reach every worker before the next generate (Ray runs an actor's calls in the or
 Asynchronous mode (async.max_staleness=K >= 1): workers generate the next batches with the weights they have
 while the learners train. A batch is submitted only when it will be trained at most K versions after the
 weights it is generated with (batches in flight + the one training <= K), and a batch older than K when its turn
-comes (batches finishing out of order) is dropped and counted. Weight pushes are not waited for, but each
+comes (batches finishing out of order) is dropped and counted. Weight pushes (through the object store: the
+broadcast cannot overlap and is refused in this mode at config time) are not waited for, but each
 step collects the finished ones and raises a failed push's error (or one not applied within timeout_s): a
 worker left on old weights would make only batches too stale to train. The batches in flight when a checkpoint
 is written are part of it, and a resumed run generates them again before drawing new questions
