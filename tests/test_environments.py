@@ -623,3 +623,80 @@ def test_episodes_with_and_without_kept_kv_are_the_same_episodes(tiny_model, tok
     torch.testing.assert_close(a, b, atol=1e-5, rtol=0, equal_nan=True)
     assert engine.stats["cached_tokens"] > engine.stats["prefill_tokens"] / 2
     assert len(engine.prefix_cache) == 0  # nothing kept once the episodes are over
+
+
+# ---------------------------------------------------------------------------------------------------
+# The last allowed turn is stepped too (issue 56)
+
+
+class NumberGame(Environment):
+    """Guess the row's number in 1..63: each `<guess>k</guess>` is told higher or lower, the right one wins. A
+    binary search needs 6 guesses for 1, 17 or 63, one for 32."""
+
+    stop = ("</guess>",)
+    max_turns = 6
+
+    def __init__(self, example):
+        super().__init__(example)
+        self.secret, self.guesses, self.won = int(example.answer), [], False
+
+    def step(self, text, ids):
+        guess = int(text.rsplit("<guess>", 1)[1].removesuffix("</guess>"))
+        self.guesses.append(guess)
+        self.won = guess == self.secret
+        if self.won:
+            return Observation(done=True, reward=1.0, tool_calls=1)
+        return Observation(text=" higher" if guess < self.secret else " lower", reward=0.0, tool_calls=1)
+
+    def reward(self, transcript):
+        return float(self.won)
+
+
+class Bisector:
+    """A rollout engine that plays NumberGame by binary search: it reads the history's hints and guesses the
+    middle of what is left."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def generate(self, prompts, sampling, progress=None, keys=None):
+        import re
+
+        from rlvr.engines.base import Completion
+
+        out = []
+        for i, prompt in enumerate(prompts):
+            history = prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt)
+            low, high = 1, 63
+            for guess, hint in re.findall(r"<guess>(\d+)</guess> (higher|lower)", history):
+                low, high = (int(guess) + 1, high) if hint == "higher" else (low, int(guess) - 1)
+            text = f" <guess>{(low + high) // 2}</guess>"
+            ids = self.tokenizer(text, add_special_tokens=False).input_ids
+            out += [Completion(i, j, text, ids, "stop") for j in range(sampling.n)]
+        return out
+
+
+def _games(tokenizer, env, secrets):
+    questions = [Example(f"number {s}", s) for s in secrets]
+    prompts = ["Guess my number in 1..63." for _ in secrets]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=400, n=1, stop=("</answer>",))
+    return run_episodes(Bisector(tokenizer), env, questions, prompts, sampling, tokenizer)
+
+
+def test_a_game_won_on_its_last_allowed_turn_is_won(tokenizer):
+    games = _games(tokenizer, NumberGame, ["32", "1", "63", "17"])
+    assert [c.episode["turns"] for c in games] == [1, 6, 6, 6]
+    assert [c.episode["end"] for c in games] == ["done"] * 4
+    assert [c.episode["reward"] for c in games] == [1.0] * 4 and {c.finish_reason for c in games} == {"stop"}
+    assert games[1].episode["turn_rewards"] == [0.0] * 5 + [1.0] and games[1].episode["tool_calls"] == 6
+    assert games[1].text == (" <guess>32</guess> lower <guess>16</guess> lower <guess>8</guess> lower"
+                             " <guess>4</guess> lower <guess>2</guess> lower <guess>1</guess>")
+
+    # one turn fewer: the fifth guess is still stepped (the game's state has it), its hint is dropped, and the
+    # game is lost at max_turns
+    (lost,) = _games(tokenizer, type("FiveGuesses", (NumberGame,), {"max_turns": 5}), ["1"])
+    assert (lost.episode["end"], lost.episode["reward"], lost.finish_reason) == ("max_turns", 0.0, "length")
+    assert lost.episode["tool_calls"] == 5 and lost.episode["turn_rewards"] == [0.0] * 5
+    assert lost.text.endswith("<guess>2</guess>") and lost.loss_mask[-1]
+    hint = len(tokenizer(" lower", add_special_tokens=False).input_ids)
+    assert lost.episode["observation_tokens"] == 4 * hint == sum(not m for m in lost.loss_mask)

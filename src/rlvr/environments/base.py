@@ -15,7 +15,10 @@ episode ends; then it is scored. A user writes one class in their own file and t
 
 rlvr makes one instance per rollout, `MyEnv(example)`, and calls `step` after each model turn that stopped at
 one of `stop` (which may include the prompt's own, such as "</answer>", for an environment that answers an
-answer: "wrong, try again"). The episode ends when `step` says `done`, when the model writes end-of-sequence or
+answer: "wrong, try again"), the last allowed turn's too, so the environment's state and `reward` see every
+action. The last turn's observation is dropped: its text and ids are not appended (no turn follows to read
+them, and the transcript and the trained ids end with the model's turn), while its `done`, `reward`,
+`tool_calls` and `tool_errors` count as any turn's. The episode ends when `step` says `done`, when the model writes end-of-sequence or
 one of the prompt's stop strings that is not in `stop` (the answer is written), at `max_turns` model turns,
 when model and observation tokens reach `max_total_tokens` (the run's `max_new_tokens` when None), when one
 model turn reaches `max_turn_tokens` (None: no limit of its own), or when `step` raises or takes longer than
@@ -62,7 +65,8 @@ class Environment:
         self.example = example
 
     def step(self, text: str, ids: list[int]) -> Observation:
-        """The environment's answer to a model turn that stopped at one of `stop`."""
+        """The environment's answer to a model turn that stopped at one of `stop` (after the episode's last
+        allowed turn too, when only `done`, `reward` and the counts of the answer are used)."""
         return Observation(done=True)
 
     def sft_segments(self, response: str) -> list[tuple[str, bool]]:

@@ -72,7 +72,7 @@ class CodeFeedbackEnv(Environment):
     def reward(self, transcript: str) -> float | None:
         if self.attempt_discount == 1.0:
             return None  # the run's reward function grades the last program
-        # the last attempt (the episode's last turn is not stepped: it is graded here)
+        # the transcript's last program, whether or not its turn stopped at the fence and was stepped
         right = self.feedback(extract_code(transcript)[1]) is None
         return float(right) * self.attempt_discount ** transcript.count(AGAIN)
 

@@ -3,7 +3,9 @@
     turn 1     engine.generate(prompts, n=G): the same call, and so the same samples, as a single-turn step
     between    every episode whose turn stopped at one of the environment's stop strings gets `env.step` (all
                of them at once, in threads: a tool waits on a sandbox, not on Python), and its observation's
-               ids are appended to the episode
+               ids are appended to the episode -- except after the last allowed turn (`max_turns`), whose
+               step still runs (its reward, `done` and the environment's state count) but whose observation
+               is dropped: no turn follows to read it
     turn k>1   engine.generate(token ids, n=1) for the episodes still going: the prompt's ids, every sampled id
                and every observation id, as they are (nothing is decoded and encoded again)
 
@@ -14,10 +16,12 @@ The ids of a turn may run a few characters past its stop string (a stop ends ins
 the model saw and what is trained, the transcript is each turn's text cut at its stop.
 
 Each episode ends (episode["end"]) at: "answer" (end-of-sequence, or a stop string of the prompt's that is not
-also the environment's: an environment that lists "</answer>" in its stop sees the answer and may ask again), "done"
-(the environment said so), "max_turns", "max_tokens" (model + observation ids reach the budget, or one model turn
-reaches max_turn_tokens: a turn cut short is not an answer), "tool_timeout"
-or "tool_error" (step raised). The last three and "max_tokens" count as truncated (finish_reason "length").
+also the environment's: an environment that lists "</answer>" in its stop sees the answer and may ask again; on
+the last allowed turn, any stop string of the prompt's), "done" (the environment said so, after the last turn
+too), "max_turns" (the last allowed turn stopped at a tool call and its step did not say done), "max_tokens"
+(model + observation ids reach the budget, or one model turn reaches max_turn_tokens: a turn cut short is not an
+answer), "tool_timeout" or "tool_error" (step raised). The last three and "max_tokens" count as truncated
+(finish_reason "length").
 
 Between turns the engine keeps the KV of every turn that may be continued (`SamplingParams.keep_cache`; rlvr's
 engine: `env_cache_mib`), so the next turn prefills only the last sampled id and the observation, not the whole
@@ -142,9 +146,7 @@ def run_episodes(engine: RolloutEngine, env_cls: type[Environment], questions: l
                     e.end = "max_tokens"
                 elif not tool_call:
                     e.end = "answer"  # end-of-sequence, or the answer's stop string
-                elif e.turns >= env_cls.max_turns:  # the last turn: an answer ends it as an answer
-                    e.end = "answer" if any(c.text.endswith(s) for s in sampling.stop) else "max_turns"
-                else:
+                else:  # the last allowed turn too: state and reward see every action
                     asking.append((i, c))
             going = []
             start = time.perf_counter()
@@ -165,6 +167,8 @@ def run_episodes(engine: RolloutEngine, env_cls: type[Environment], questions: l
                         e.turn_rewards.append(float(result.reward))
                     if result.done:
                         e.end = "done"
+                    elif e.turns >= env_cls.max_turns:  # the last turn's observation is dropped: no turn reads it
+                        e.end = "answer" if any(c.text.endswith(s) for s in sampling.stop) else "max_turns"
                     elif not e.add_observation(result, tokenizer):
                         e.end = "max_tokens"
                     else:
