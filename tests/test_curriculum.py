@@ -78,6 +78,82 @@ def test_a_batch_larger_than_the_unsettled_questions_is_still_filled():
     assert len(batch) == len(set(batch)) == 6
 
 
+def _settled(c: Curriculum) -> None:
+    """Questions 0-3 easy, 4-7 hard, 8-11 signal; 12-19 unseen (the run's order supplies them)."""
+    for q in range(12):
+        _record(c, q, [True] * 4 if q < 4 else [False] * 4 if q < 8 else [True, False, True, False])
+
+
+def _counts(c: Curriculum, takes: int, k: int = 4) -> list[tuple[int, int, int]]:
+    """(hard, easy, signal) questions in each of `takes` batches of k, the statistics left as they are."""
+    out = []
+    for _ in range(takes):
+        batch = c.take(k)
+        out.append((sum(4 <= q < 8 for q in batch), sum(q < 4 for q in batch), sum(8 <= q < 12 for q in batch)))
+    return out
+
+
+@pytest.mark.parametrize("k, hard, easy, signal", [(4, 0.1, 0.1, 0.5), (4, 0.15, 0.05, 0.3), (3, 0.1, 0.2, 0.5)])
+def test_the_floors_hold_in_expectation_at_a_small_batch(k, hard, easy, signal):
+    """Issue 56 item 4: round(4 x 0.1) is 0, so at 4 questions a batch the all-wrong and all-right questions were
+    never re-tested. Over 200 batches each pool now gives k x fraction questions a batch on average (the
+    fractional part carried: exactly floor(200 k fraction) in all), spread evenly over the batches."""
+    c = _curriculum(hard_fraction=hard, easy_fraction=easy, signal_fraction=signal, min_samples=4)
+    _settled(c)
+    counts = _counts(c, 200, k)
+    for pool, fraction in enumerate((hard, easy)):  # the run's order skips these: the floor is all they get
+        drawn = [batch[pool] for batch in counts]
+        assert sum(drawn) == int(200 * k * fraction + 1e-9)
+        assert sum(drawn) / 200 == pytest.approx(k * fraction, abs=1 / 200)
+        assert max(drawn) - min(drawn) <= 1  # spread evenly, not in bursts
+    # the signal pool's share, and the run's order may add signal questions on top
+    assert sum(batch[2] for batch in counts) >= int(200 * k * signal + 1e-9)
+    # at k = 4 and 0.1: a hard question in batches 3, 5, 8, 10, ... (credit 0.4, 0.8, 1.2 -> 1, 0.6, 1.0 -> 1)
+    if (k, hard) == (4, 0.1):
+        assert [h for h, _, _ in counts[:10]] == [0, 0, 1, 0, 1] * 2
+
+
+def test_a_resumed_curriculum_carries_its_floors_credit():
+    """The carried fractional part is in the checkpoint: a curriculum restored after 3 batches draws the next 12
+    exactly as the uninterrupted one (hard questions in the same batches)."""
+    a = _curriculum(hard_fraction=0.1, easy_fraction=0.1, signal_fraction=0.5, min_samples=4)
+    _settled(a)
+    _counts(a, 3)
+    state = a.state()
+    resumed = Curriculum(DataOrder(len(TRAIN), "t", **a.order.state()), TRAIN, a.cfg, "t")
+    resumed.load(state)
+    straight = [a.take(4) for _ in range(12)]
+    assert [resumed.take(4) for _ in range(12)] == straight
+    assert sum(4 <= q < 8 for batch in straight for q in batch) == 5  # floor(15 x 0.4) - floor(3 x 0.4)
+
+
+def test_a_question_is_judged_by_its_recent_results():
+    """Right 67 of its first 68 samples, then wrong 16 times in a row (the window): it is hard now, not a
+    question with signal forever (67 of 84 counted since the start), and the batch that draws it expects a pass
+    rate of 0; one new right answer makes it a signal question again."""
+    c = _curriculum(hard_fraction=0.1, easy_fraction=0.1, signal_fraction=0.5, min_samples=4, window=16)
+    _record(c, 0, [True] * 30 + [False] + [True] * 37)
+    assert c.pools() == {"easy": [0], "hard": [], "signal": []}  # its last 16 all right
+    _record(c, 0, [False] * 16)
+    assert c.pools() == {"easy": [], "hard": [0], "signal": []}
+    assert 0 in c.take(10)  # the hard floor: 10 x 0.1
+    assert c.last["curriculum/batch_expected_pass_rate"] == 0.0
+    _record(c, 0, [True])
+    assert c.pools() == {"easy": [], "hard": [], "signal": [0]}
+    assert c.state()["stats"] == {"0": "0" * 15 + "1"}  # what a checkpoint keeps: the window, oldest first
+    with pytest.raises(ValueError, match="window"):
+        CurriculumConfig(enabled=True, min_samples=8, window=4)
+
+
+def test_a_checkpoint_of_the_counting_curriculum_still_loads():
+    """Checkpoints written before the window kept [samples, right]: they load as windows at the same pass rate
+    that keep each question in its pool."""
+    c = _curriculum(min_samples=4, window=16)
+    c.load({"stats": {"0": [68, 67], "1": [8, 0], "2": [5, 5], "3": [3, 1]}, "draws": 7})
+    assert c.draws == 7 and c.stats[0].count(0) == 1 and len(c.stats[0]) == 16
+    assert c.pools() == {"easy": [2], "hard": [1], "signal": [0, 3]}
+
+
 def test_groups_with_spread_are_counted():
     c = _curriculum()
     scores = [{"reward": r} for r in (1, 0, 1, 1, 0, 0)]
@@ -96,7 +172,10 @@ def test_a_run_with_the_curriculum_logs_its_pools_and_resumes_exactly(tmp_path, 
     train_module.train_grpo(_run(model_dir, straight, **kw))
     rows = [r for r in read_jsonl(straight / "metrics.jsonl") if "train/loss" in r]
     assert len(rows) == 6 and all("curriculum/groups_with_spread" in r for r in rows)
-    assert rows[-1]["curriculum/seen"] == 6  # 6 questions, each drawn by now
+    # 2 questions a batch: the hard floor's credit (2 x 0.1 a batch) reaches one question at batch 5, which
+    # re-tests the one all-wrong question instead of drawing a new one, so 5 of the 6 are seen by step 6
+    assert rows[4]["curriculum/hard"] == 1 and rows[4]["curriculum/batch_seen_fraction"] == 1.0
+    assert rows[-1]["curriculum/hard"] == 0 and rows[-1]["curriculum/seen"] == 5
     undo = crash_at(5)
     with pytest.raises(KeyboardInterrupt):
         train_module.train_grpo(_run(model_dir, killed, **kw))

@@ -288,16 +288,21 @@ class DistributedConfig(BaseConfig):
 
 
 class CurriculumConfig(BaseConfig):
-    """`rlvr train curriculum.*`: draw questions by their observed pass rate (rlvr.stages.curriculum): a floor
-    share from the all-right and all-wrong pools, a share from the questions that showed spread, the rest in the
-    run's order without the all-right / all-wrong ones."""
+    """`rlvr train curriculum.*`: draw questions by their recent pass rate (rlvr.stages.curriculum): a floor
+    share from the all-right and all-wrong pools, a share from the questions that show spread, the rest in the
+    run's order without the all-right / all-wrong ones. Each share is k x fraction questions a batch in
+    expectation at any batch size k (the fractional part carries to the next batch)."""
 
     enabled: bool = Field(False, description="draw questions by observed pass rate")
     hard_fraction: float = Field(0.1, ge=0, le=1, description="share of a batch's questions from those every "
-                                 "sample got wrong (re-tested: they may become learnable)")
+                                 "sample in the window got wrong (re-tested: they may become learnable); k x "
+                                 "fraction questions a batch in expectation, the fractional part carried over")
     easy_fraction: float = Field(0.1, ge=0, le=1, description="share from those every sample got right")
     signal_fraction: float = Field(0.5, ge=0, le=1, description="share from those with right and wrong samples")
     min_samples: int = Field(4, ge=1, description="samples before a question counts as all right / all wrong")
+    window: int = Field(16, ge=1, description="the pools judge a question by its last `window` samples only "
+                        "(16: its last two groups of 8), so one the policy learned or forgot moves pool; "
+                        ">= min_samples")
     first_pass: int = Field(0, ge=0, description="questions sampled (group_size each, no training) before step 1 "
                             "to seed the statistics (0: none; local loop only)")
 
@@ -306,6 +311,9 @@ class CurriculumConfig(BaseConfig):
         total = self.hard_fraction + self.easy_fraction + self.signal_fraction
         if total > 1 + 1e-9:
             raise ValueError(f"curriculum fractions add up to {total:g} (hard + easy + signal must be <= 1)")
+        if self.window < self.min_samples:
+            raise ValueError(f"curriculum.window={self.window} keeps fewer samples than curriculum.min_samples="
+                             f"{self.min_samples}: no question could count as all right or all wrong")
         return self
 
 

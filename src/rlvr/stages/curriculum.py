@@ -1,25 +1,30 @@
 """An online pass-rate curriculum (`curriculum.*`): sample where the signal is.
 
 A group whose G rollouts are all right or all wrong has no reward spread and teaches nothing (80-88 % of GSM8K's
-groups from our SFT checkpoint). Every rollout the run draws updates its question's pass-rate statistics, and
-the questions fall into pools as prime-rl's difficulty pools do:
+groups from our SFT checkpoint). Every rollout the run draws updates its question's pass-rate statistics, which
+keep the question's last `window` results only (a policy that learns or forgets a question moves it), and the
+questions fall into pools as prime-rl's difficulty pools do:
 
-    easy     every sample so far right (at least `min_samples` of them)
-    hard     every sample so far wrong (at least `min_samples`)
-    signal   right and wrong samples both seen: the questions that have taught something
+    easy     every sample in the window right (at least `min_samples` of them)
+    hard     every sample in the window wrong (at least `min_samples`)
+    signal   right and wrong samples both in the window: the questions that teach something now
     the rest the questions not yet drawn, in the run's seeded order (DataOrder)
 
 Each batch takes `hard_fraction` and `easy_fraction` of its questions from those pools (a floor, so they are
 re-tested: a question the policy could not do may become learnable), `signal_fraction` from the signal pool,
-and the rest in the run's order, skipping questions of the easy and hard pools. A pool that is short passes its
-share on to the run's order. With no statistics yet every question comes from the order, as without a curriculum.
-Draws are a function of (seed, draw count, statistics), so a run is deterministic for a seed; the statistics and
-the draw count are saved in checkpoints, so resume is exact.
+and the rest in the run's order, skipping questions of the easy and hard pools. A share is k x fraction
+questions in expectation at any batch size k: each pool's credit grows by k x fraction (exact fractions) every
+batch and the batch takes its whole part, carrying the rest (at k = 4 and 0.1: one question every 2-3 batches,
+where rounding gave none ever). A pool that is short passes its share on to the run's order (the credit is spent
+all the same, so an empty pool builds no debt). With no statistics yet every question comes from the order, as
+without a curriculum. Draws are a function of (seed, draw count, statistics, credit), so a run is deterministic
+for a seed; all four are saved in checkpoints, so resume is exact.
 """
 
 from __future__ import annotations
 
 import random
+from fractions import Fraction
 
 from rlvr.tasks.records import DataOrder, Example
 
@@ -31,14 +36,16 @@ class Curriculum:
     def __init__(self, order: DataOrder, train: list[Example], cfg, key: str):
         self.order, self.cfg, self.key = order, cfg, key
         self.index = {id(example): i for i, example in enumerate(train)}  # the rollouts carry these objects
-        self.stats: dict[int, list[int]] = {}  # question index -> [samples, right]
+        self.stats: dict[int, list[int]] = {}  # question index -> its last `window` results, oldest first (1: right)
         self.draws = 0
+        self.credit = {name: Fraction(0) for name in _SHARES}  # each pool's share not yet drawn, in questions
         self.last: dict[str, float] = {}
 
     # the pools, from the statistics
     def pools(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {"easy": [], "hard": [], "signal": []}
-        for i, (n, right) in sorted(self.stats.items()):
+        for i, recent in sorted(self.stats.items()):
+            n, right = len(recent), sum(recent)
             if 0 < right < n:
                 out["signal"].append(i)
             elif n >= self.cfg.min_samples:
@@ -51,9 +58,12 @@ class Curriculum:
         self.draws += 1
         pools = self.pools()
         chosen: list[int] = []
-        for name, fraction in (("hard", self.cfg.hard_fraction), ("easy", self.cfg.easy_fraction),
-                               ("signal", self.cfg.signal_fraction)):
-            want = min(round(k * fraction), k - len(chosen))
+        for name in _SHARES:
+            # exact: float shares such as 0.1 x 4 would drift when summed over thousands of batches
+            self.credit[name] += k * Fraction(str(getattr(self.cfg, f"{name}_fraction")))
+            want = int(self.credit[name])  # the whole part; the rest carries to the next batch
+            self.credit[name] -= want
+            want = min(want, k - len(chosen))
             chosen += rng.sample(pools[name], min(want, len(pools[name])))
         settled = set(pools["easy"]) | set(pools["hard"])
         for _ in range(4 * self.order.n):  # every question easy or hard: the floor pools fill the rest below
@@ -77,18 +87,19 @@ class Curriculum:
         known = [self.stats[i] for i in chosen if i in self.stats]
         out = self.pool_metrics(pools)
         out["curriculum/batch_seen_fraction"] = len(known) / len(chosen) if chosen else 0.0
-        if known:  # the pass rate this batch was expected to have, from what its questions did before
-            out["curriculum/batch_expected_pass_rate"] = sum(right / n for n, right in known) / len(known)
+        if known:  # the pass rate this batch was expected to have, from what its questions did lately
+            out["curriculum/batch_expected_pass_rate"] = sum(sum(r) / len(r) for r in known) / len(known)
         return out
 
     def record(self, questions: list[Example], completions, scores: list[dict]) -> None:
-        """Every scored rollout: its question's sample count and right answers (answer_reward, the correctness)."""
+        """Every scored rollout: its question's result (answer_reward, the correctness) joins its window."""
         for c, score in zip(completions, scores):
             i = self.index.get(id(questions[c.prompt_index]))
             if i is None:
                 continue
-            n, right = self.stats.get(i, (0, 0))
-            self.stats[i] = [n + 1, right + int(float(score["answer_reward"]) > 0.5)]
+            recent = self.stats.setdefault(i, [])
+            recent.append(int(float(score["answer_reward"]) > 0.5))
+            del recent[: -self.cfg.window]
 
     def metrics(self, group_size: int, scores: list[dict]) -> dict[str, float]:
         """What the step logs: the pools and the batch's expected pass rate when it was drawn, and how many of
@@ -98,12 +109,30 @@ class Curriculum:
         return {**self.last, "curriculum/groups_with_spread": float(sum(max(g) > min(g) for g in groups if g))}
 
     def state(self) -> dict:
-        return {"stats": {str(i): v for i, v in self.stats.items()}, "draws": self.draws}
+        # a window is a string of its results, oldest first ("0111": wrong, then right three times)
+        return {"stats": {str(i): "".join(map(str, v)) for i, v in self.stats.items()}, "draws": self.draws,
+                "credit": {name: str(value) for name, value in self.credit.items()}}
 
     def load(self, state: dict | None) -> None:
-        if state:
-            self.stats = {int(i): list(v) for i, v in state["stats"].items()}
-            self.draws = int(state["draws"])
+        if not state:
+            return
+        self.draws = int(state["draws"])
+        self.credit = {name: Fraction(state.get("credit", {}).get(name, "0")) for name in _SHARES}
+        # a checkpoint of the counting curriculum holds [samples, right] instead, in an order no longer known
+        self.stats = {int(i): [int(r) for r in v][-self.cfg.window:] if isinstance(v, str)
+                      else _window_like(*v, self.cfg.window) for i, v in state["stats"].items()}
+
+
+_SHARES = ("hard", "easy", "signal")  # the order a batch fills its floors in
+
+
+def _window_like(n: int, right: int, window: int) -> list[int]:
+    """A window of min(n, window) results at the counts' pass rate, in the pool the counts put the question in."""
+    m = min(n, window)
+    r = round(m * right / n) if n else 0
+    if 0 < right < n:
+        r = min(max(r, 1), m - 1) if m > 1 else r
+    return [0] * (m - r) + [1] * r
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -150,7 +179,7 @@ def first_pass(sampler, engine, model, train: list[Example], prompt, tokenizer, 
     while left > 0:
         questions = [train[i] for i in order.take(min(per_batch, left))]
         left -= len(questions)
-        prompts = [prompt.format(q.question, tokenizer) for q in questions]
+        prompts = [prompt.render(q, tokenizer) for q in questions]
         sampling = rollout_sampling(cfg, prompt, 0)
         rollouts = Rollouts(questions, prompts, generate(engine, cfg.env, questions, prompts, sampling, tokenizer))
         sampler.record(questions, rollouts.completions, score_completions(reward_fn, rollouts, cfg)[0])
