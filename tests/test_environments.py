@@ -700,3 +700,112 @@ def test_a_game_won_on_its_last_allowed_turn_is_won(tokenizer):
     assert lost.text.endswith("<guess>2</guess>") and lost.loss_mask[-1]
     hint = len(tokenizer(" lower", add_special_tokens=False).input_ids)
     assert lost.episode["observation_tokens"] == 4 * hint == sum(not m for m in lost.loss_mask)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Episodes' budgets, options and code_feedback's tests (issue 56 item 6)
+
+
+class Scripted:
+    """A rollout engine whose every turn is `text`, one byte-level id per character, ending as `finish`."""
+
+    def __init__(self, tokenizer, text, finish="stop"):
+        self.tokenizer, self.text, self.finish = tokenizer, text, finish
+
+    def generate(self, prompts, sampling, progress=None, keys=None):
+        from rlvr.engines.base import Completion
+
+        ids = self.tokenizer(self.text, add_special_tokens=False).input_ids
+        assert len(ids) <= sampling.max_new_tokens
+        return [Completion(i, j, self.text, ids, self.finish) for i in range(len(prompts)) for j in range(sampling.n)]
+
+
+class Guess(Environment):
+    stop = ("</guess>",)
+
+    def __init__(self, example):
+        super().__init__(example)
+        self.steps = 0
+
+    def step(self, text, ids):
+        self.steps += 1
+        return Observation(text=" again", tool_calls=1)
+
+    def reward(self, transcript):
+        return float(self.steps)
+
+
+def test_an_answer_that_ends_exactly_at_the_budget_is_not_truncated(tiny_model, tokenizer):
+    question, prompt = [Example("2+2", "4")], ["Q: 2+2?\nA:"]
+    answer = " so <answer> 4 </answer>"  # 24 ids, the whole budget
+    sampling = SamplingParams(max_new_tokens=len(answer), stop=("</answer>",))
+    (c,) = run_episodes(Scripted(tokenizer, answer), Guess, question, prompt, sampling, tokenizer)
+    assert (c.episode["end"], c.finish_reason, len(c.token_ids)) == ("answer", "stop", 24)
+    # a tool call that fills the budget is stepped (the environment sees it) and ends the episode at the budget
+    call = " let me see <guess>7</guess>"
+    sampling = SamplingParams(max_new_tokens=len(call), stop=("</answer>",))
+    (c,) = run_episodes(Scripted(tokenizer, call), Guess, question, prompt, sampling, tokenizer)
+    assert (c.episode["end"], c.finish_reason, c.episode["reward"], c.text) == ("max_tokens", "length", 1.0, call)
+    # the real engine labels a row that meets its stop string on its last allowed id "stop", and the episode
+    # built on it is an answer: the stop is a piece of a free sample (printable ASCII, one id a character) that
+    # first appears with its k-th id, and k the budget
+    engine = HFEngine(tiny_model, tokenizer, dtype="float32")
+    ids = engine.generate(prompt, SamplingParams(max_new_tokens=40, seed=4))[0].token_ids
+    k, piece = next((k, tokenizer.decode(ids[k - n : k])) for k in range(4, 41) for n in (2, 3)
+                    if tokenizer.decode(ids[k - n : k]).isprintable() and tokenizer.decode(ids[k - n : k]).isascii()
+                    and len(tokenizer.decode(ids[k - n : k])) == n
+                    and tokenizer.decode(ids[k - n : k]) not in tokenizer.decode(ids[: k - 1]))
+    sampling = SamplingParams(max_new_tokens=k, seed=4, stop=(piece,))
+    (at_budget,) = engine.generate(prompt, sampling)
+    assert (at_budget.finish_reason, at_budget.token_ids) == ("stop", ids[:k])
+    (c,) = run_episodes(engine, Guess, question, prompt, sampling, tokenizer)
+    assert (c.episode["end"], c.finish_reason, c.token_ids) == ("answer", "stop", ids[:k])
+
+
+def test_the_overlong_term_counts_the_model_s_ids_against_the_episode_s_budget():
+    from rlvr.config import TrainConfig, load_config
+    from rlvr.engines.base import Completion
+    from rlvr.stages.rollouts import build_reward_fn, score_completions
+
+    base = dict(dataset="arithmetic:steps=1,max=9", rollout_batch_size=2, group_size=2, max_new_tokens=40,
+                rewards={"r1_zero": 1.0, "overlong": 1.0}, overlong_buffer=20)
+    cfg = load_config(TrainConfig, overrides={**base, "env": "gsm8k_calculator:max_total_tokens=60"})
+
+    def episode(model, observation):  # model ids, then observation ids, then the rest of the model's
+        mask = [True] * (model // 2) + [False] * observation + [True] * (model - model // 2)
+        return Completion(0, 0, "no answer", list(range(10, 10 + len(mask))), "stop", loss_mask=mask, episode={})
+
+    rollouts = Rollouts([Example("2+2", "4")], ["Q"], [episode(45, 15), episode(30, 20)])
+    scores, _ = score_completions(build_reward_fn(cfg, "r1_zero"), rollouts, cfg)
+    # budget 60, the penalty from 60 - 20 = 40 model ids: 45 -> (40 - 45) / 20, 30 -> 0 (observations not counted)
+    assert [s["reward/overlong"] for s in scores] == [-0.25, 0.0]
+    assert [s["reward"] for s in scores] == [-0.25, 0.0]
+    # the buffer is checked against the episode's budget, not max_new_tokens
+    load_config(TrainConfig, overrides={**base, "overlong_buffer": 50, "env": "gsm8k_calculator:max_total_tokens=60"})
+    with pytest.raises(ConfigError, match="overlong_buffer=70 is longer than the episode's budget.*=60"):
+        load_config(TrainConfig, overrides={**base, "overlong_buffer": 70,
+                                            "env": "gsm8k_calculator:max_total_tokens=60"})
+
+
+def test_whole_number_options_refuse_fractions_with_the_config(tmp_path, model_dir):
+    for option in ("max_total_tokens=150.5", "max_turn_tokens=7.5", "max_turns=2.0", "max_total_tokens=1e3"):
+        with pytest.raises(ConfigError, match=f"{option.split('=')[0]}='.*': expected a positive whole number"):
+            train_cfg(model_dir, tmp_path / "r", env=f"gsm8k_calculator:{option}")
+    env = environment_factory("code_feedback:max_total_tokens=150,tool_timeout_s=2.5,attempt_discount=0.5")
+    assert (env.max_total_tokens, env.tool_timeout_s, env.attempt_discount) == (150, 2.5, 0.5)
+    assert type(env.max_total_tokens) is int
+    with pytest.raises(ValueError, match="tool_timeout_s='nan': expected a positive number"):
+        environment_factory("code_feedback:tool_timeout_s=nan")
+
+
+def test_code_feedback_fails_a_row_whose_tests_do_not_parse_and_refuses_a_math_dataset(tmp_path, model_dir):
+    from rlvr.environments.code_feedback import CodeFeedbackEnv
+
+    program = "```python\ndef f(x):\n    return x\n```"
+    env = type("Discounted", (CodeFeedbackEnv,), {"attempt_discount": 0.5})(Example("Write f.", "42"))
+    assert env.step(program, []) == Observation(done=True, reward=0.0, tool_calls=1)  # as the grader: a failure
+    assert env.attempts == [False] and env.reward(program) == 0.0
+    with pytest.raises(ConfigError, match="env=code_feedback runs each row's tests.*'arithmetic:steps=1,max=9' is "
+                                          "not a code dataset"):
+        train_cfg(model_dir, tmp_path / "r", env="code_feedback")
+    assert train_cfg(model_dir, tmp_path / "r", env="code_feedback", dataset="code:level=1", prompt="code").env

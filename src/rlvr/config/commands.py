@@ -123,7 +123,8 @@ class TrainConfig(TrainingFields):
                                              "or {code_tests: 1.0, format: 0.05}; `overlong: w` adds DAPO's soft "
                                              "overlong punishment (with overlong_buffer)")
     overlong_buffer: int | None = Field(None, ge=1, description="rewards' overlong term: the last N tokens before "
-                                        "max_new_tokens, over which the penalty falls from 0 to -1")
+                                        "max_new_tokens (env=: the model's ids before the episode's budget), over "
+                                        "which the penalty falls from 0 to -1")
     # logging
     log_rollouts_every: int = Field(5, ge=0, description="append the batch's rollouts to rollouts.jsonl every N steps")
     learning_rate: float = Field(1e-5, gt=0)
@@ -172,9 +173,14 @@ class TrainConfig(TrainingFields):
         if self.overlong_buffer is not None and not overlong:
             raise ValueError("overlong_buffer shapes the rewards' overlong term: add `overlong: 1.0` to rewards "
                              "(with the reward it shapes, e.g. rewards={r1_zero: 1.0, overlong: 1.0}), or remove it")
-        if overlong and self.overlong_buffer > self.max_new_tokens:
-            raise ValueError(f"overlong_buffer={self.overlong_buffer} is longer than max_new_tokens="
-                             f"{self.max_new_tokens}")
+        budget, budget_name = self.max_new_tokens, "max_new_tokens"
+        if overlong and self.env is not None:  # an episode's penalty counts against its budget
+            from rlvr.environments import environment_factory
+
+            budget = environment_factory(self.env).episode_budget(self.max_new_tokens)
+            budget_name = "the episode's budget (the environment's max_total_tokens, else max_new_tokens)"
+        if overlong and self.overlong_buffer > budget:
+            raise ValueError(f"overlong_buffer={self.overlong_buffer} is longer than {budget_name}={budget}")
         if overlong and set(self.rewards) == {"overlong"}:
             raise ValueError("rewards={overlong: ...} alone has no reward to shape: add one, e.g. r1_zero: 1.0")
         if self.distill and not self.teacher:

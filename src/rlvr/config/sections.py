@@ -130,10 +130,11 @@ class DataFields(BaseConfig):
         from rlvr.tasks.datasets import is_code_dataset
         from rlvr.tasks.records import DataError  # lazily: configs stay cheap to import
 
+        env_cls = None
         if self.env is not None:
             from rlvr.environments import environment_factory
 
-            environment_factory(self.env)  # an unknown name or a file that does not import fails here
+            env_cls = environment_factory(self.env)  # an unknown name or a file that does not import fails here
         try:
             code = is_code_dataset(self.dataset, self.tests_field)
         except DataError:  # a file not there yet (or unreadable): loading the data reports it
@@ -141,6 +142,10 @@ class DataFields(BaseConfig):
         if code and self.prompt not in CODE_PROMPTS:
             raise ValueError(f"dataset={self.dataset!r} is a code dataset, graded by running tests; "
                              f"prompt={self.prompt!r} is not a code prompt: use prompt={' or '.join(CODE_PROMPTS)}")
+        if env_cls is not None and env_cls.needs_code_dataset and not code:
+            raise ValueError(f"env={self.env} runs each row's tests, and dataset={self.dataset!r} is not a code "
+                             "dataset (its rows have no tests): use a code dataset (dataset=code:level=3, or a JSONL "
+                             "whose rows have tests_field) or another environment")
         if not code and self.prompt in CODE_PROMPTS:
             raise ValueError(f"prompt={self.prompt!r} is a code prompt, but dataset={self.dataset!r} is not a code "
                              f"dataset (code[:level=N], or a .jsonl whose rows have a {self.tests_field!r} field)")

@@ -12,6 +12,8 @@ May import: rlvr.core, rlvr.sandbox, rlvr.grading, rlvr.tasks.
 """
 
 import difflib
+import math
+import typing
 
 from rlvr.core.imports import import_target
 from rlvr.environments import calculator, code_feedback, python_tool  # noqa: F401  (register the built-ins)
@@ -50,20 +52,37 @@ def _with_options(cls: type[Environment], options: str, name: str) -> type[Envir
         if not eq or key not in settable:
             raise ValueError(f"env={name!r}: {item!r} is not key=value with a key of {cls.__name__}'s: "
                              f"{', '.join(settable)}")
-        default = getattr(cls, key)
-        try:
-            value = None if raw.lower() in ("none", "null") else (float(raw) if isinstance(default, float) or
-                                                                  "." in raw or "e" in raw.lower() else int(raw))
-        except ValueError:
-            raise ValueError(f"env={name!r}: {key}={raw!r} is not a number") from None
-        if value is None and default is not None and key not in ("max_total_tokens", "max_turn_tokens"):
-            raise ValueError(f"env={name!r}: {key} needs a number")
-        if value is not None and (value <= 0 or (isinstance(default, int) and not isinstance(value, int))):
-            raise ValueError(f"env={name!r}: {key}={raw!r}: expected a positive "
-                             f"{'whole number' if isinstance(default, int) else 'number'}")
+        default, whole = getattr(cls, key), _whole_number_option(cls, key)
+        if raw.lower() in ("none", "null"):
+            if default is not None and key not in ("max_total_tokens", "max_turn_tokens"):
+                raise ValueError(f"env={name!r}: {key} needs a number")
+            value = None
+        else:
+            try:
+                number = float(raw)
+            except ValueError:
+                raise ValueError(f"env={name!r}: {key}={raw!r} is not a number") from None
+            # a whole-number option given 150.5 would pass the config and crash the engine: refused here
+            if not math.isfinite(number) or number <= 0 or (whole and not raw.lstrip("+").isdigit()):
+                raise ValueError(f"env={name!r}: {key}={raw!r}: expected a positive "
+                                 f"{'whole number' if whole else 'number'}")
+            value = int(raw) if whole else number
         values[key] = value
     return type(cls.__name__, (cls,), {**values, "__module__": cls.__module__, "__doc__": cls.__doc__,
                                        "__qualname__": cls.__qualname__})
+
+
+def _whole_number_option(cls: type[Environment], key: str) -> bool:
+    """Whether an option takes whole numbers only: its annotation says int (`max_total_tokens: int | None`),
+    or, without one that resolves, its default is an int."""
+    try:
+        hint = typing.get_type_hints(cls).get(key)
+    except Exception:  # a user's annotation that does not resolve: the default decides
+        hint = None
+    if hint is not None:
+        kinds = set(typing.get_args(hint)) or {hint}
+        return int in kinds and float not in kinds
+    return isinstance(getattr(cls, key), int)
 
 
 def _number_or_none(value) -> bool:

@@ -60,9 +60,16 @@ class Environment:
     tool_timeout_s: float = 10.0
     sft_annotations: bool = False  # `rlvr sft env=...`: SFT targets keep GSM8K's calculator annotations
     runs_programs: bool = False  # its tools run model-written programs: the run checks the sandbox first
+    needs_code_dataset: bool = False  # it runs each row's tests: the config refuses a dataset without them
 
     def __init__(self, example: Example):
         self.example = example
+
+    @classmethod
+    def episode_budget(cls, max_new_tokens: int) -> int:
+        """The ids a whole episode may hold, model's and observations': `max_total_tokens`, else the run's
+        `max_new_tokens`."""
+        return cls.max_total_tokens or max_new_tokens
 
     def step(self, text: str, ids: list[int]) -> Observation:
         """The environment's answer to a model turn that stopped at one of `stop` (after the episode's last

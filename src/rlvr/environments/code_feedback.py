@@ -20,6 +20,7 @@ from rlvr.tasks.prompts import CODE_STOP
 
 SHOWN_CHARS = 300  # of a value or an error in the feedback
 AGAIN = "Fix it and write the whole program again.\n"
+UNTESTABLE = "The task's tests could not be read: no program can pass them."
 
 
 def _short(text: str) -> str:
@@ -34,6 +35,7 @@ class CodeFeedbackEnv(Environment):
     max_turns = 2  # attempts
     tool_timeout_s = 60.0
     runs_programs = True
+    needs_code_dataset = True
     attempt_discount = 1.0
 
     def __init__(self, example):
@@ -41,13 +43,14 @@ class CodeFeedbackEnv(Environment):
         self.attempts: list[bool] = []
 
     def feedback(self, program: str | None) -> str | None:
-        """None when every test passes, else what the model is told."""
-        if program is None:
-            return "No complete ```python block was found. Write the whole program in one block."
+        """None when every test passes, else what the model is told; UNTESTABLE for a row whose tests do not
+        parse, which no program passes (the grader counts it as a failed test)."""
         try:
             tests = parse_tests(self.example.answer)
         except CodeTestsError:
-            return None  # nothing to test against: no feedback to give
+            return UNTESTABLE
+        if program is None:
+            return "No complete ```python block was found. Write the whole program in one block."
         result = run_programs([Job(program, tests.checks)], workers=1)[0]
         if result.status != "ok":
             why = result.error or result.status
@@ -67,6 +70,8 @@ class CodeFeedbackEnv(Environment):
         self.attempts.append(message is None)
         if message is None:
             return Observation(done=True, reward=1.0, tool_calls=1)
+        if message == UNTESTABLE:  # another attempt cannot pass either
+            return Observation(done=True, reward=0.0, tool_calls=1)
         return Observation(text=f"\n{message}\n{AGAIN}", reward=0.0, tool_calls=1)
 
     def reward(self, transcript: str) -> float | None:

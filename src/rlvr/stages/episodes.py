@@ -3,9 +3,9 @@
     turn 1     engine.generate(prompts, n=G): the same call, and so the same samples, as a single-turn step
     between    every episode whose turn stopped at one of the environment's stop strings gets `env.step` (all
                of them at once, in threads: a tool waits on a sandbox, not on Python), and its observation's
-               ids are appended to the episode -- except after the last allowed turn (`max_turns`), whose
-               step still runs (its reward, `done` and the environment's state count) but whose observation
-               is dropped: no turn follows to read it
+               ids are appended to the episode -- except after the last turn (`max_turns`, or a turn that
+               filled the budget), whose step still runs (its reward, `done` and the environment's state
+               count) but whose observation is dropped: no turn follows to read it
     turn k>1   engine.generate(token ids, n=1) for the episodes still going: the prompt's ids, every sampled id
                and every observation id, as they are (nothing is decoded and encoded again)
 
@@ -17,11 +17,12 @@ the model saw and what is trained, the transcript is each turn's text cut at its
 
 Each episode ends (episode["end"]) at: "answer" (end-of-sequence, or a stop string of the prompt's that is not
 also the environment's: an environment that lists "</answer>" in its stop sees the answer and may ask again; on
-the last allowed turn, any stop string of the prompt's), "done" (the environment said so, after the last turn
-too), "max_turns" (the last allowed turn stopped at a tool call and its step did not say done), "max_tokens"
-(model + observation ids reach the budget, or one model turn reaches max_turn_tokens: a turn cut short is not an
-answer), "tool_timeout" or "tool_error" (step raised). The last three and "max_tokens" count as truncated
-(finish_reason "length").
+the last turn, any stop string of the prompt's), "done" (the environment said so, after the last turn too),
+"max_turns" (the last allowed turn stopped at a tool call and its step did not say done), "max_tokens" (a model
+turn cut by the budget of model + observation ids or by max_turn_tokens: a turn cut short is not an answer; or a
+tool call's turn that filled the budget, leaving no room for its observation), "tool_timeout" or "tool_error"
+(step raised). The last three and "max_tokens" count as truncated (finish_reason "length"). A turn that ends at
+a stop string or end-of-sequence exactly at the budget is whole: an answer there is an answer.
 
 Between turns the engine keeps the KV of every turn that may be continued (`SamplingParams.keep_cache`; rlvr's
 engine: `env_cache_mib`), so the next turn prefills only the last sampled id and the observation, not the whole
@@ -126,7 +127,7 @@ def run_episodes(engine: RolloutEngine, env_cls: type[Environment], questions: l
     """len(prompts) * sampling.n episodes, prompt-major as engine.generate returns completions."""
     n = sampling.n
     stops = tuple(dict.fromkeys(tuple(sampling.stop) + tuple(env_cls.stop)))
-    budget = env_cls.max_total_tokens or sampling.max_new_tokens
+    budget = env_cls.episode_budget(sampling.max_new_tokens)
     turn_cap = min(budget, env_cls.max_turn_tokens or budget)
     encoded = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
     episodes = [_Episode(env_cls(questions[q]), encoded[q], f"{prompts[q]}\x00{s}", budget)
@@ -142,7 +143,8 @@ def run_episodes(engine: RolloutEngine, env_cls: type[Environment], questions: l
                 e = episodes[i]
                 whole = e.add_turn(c)
                 tool_call = any(c.text.endswith(s) for s in env_cls.stop)  # the environment's stops come first
-                if not whole or len(e.ids) >= budget or c.finish_reason == "length":
+                # a turn that ends at its stop string or end-of-sequence exactly at the budget is whole: not cut
+                if not whole or c.finish_reason == "length":
                     e.end = "max_tokens"
                 elif not tool_call:
                     e.end = "answer"  # end-of-sequence, or the answer's stop string
@@ -167,8 +169,10 @@ def run_episodes(engine: RolloutEngine, env_cls: type[Environment], questions: l
                         e.turn_rewards.append(float(result.reward))
                     if result.done:
                         e.end = "done"
-                    elif e.turns >= env_cls.max_turns:  # the last turn's observation is dropped: no turn reads it
-                        e.end = "answer" if any(c.text.endswith(s) for s in sampling.stop) else "max_turns"
+                    elif e.turns >= env_cls.max_turns or len(e.ids) >= budget:  # the last turn: its observation
+                        # is dropped, no turn follows to read it
+                        last = "max_turns" if e.turns >= env_cls.max_turns else "max_tokens"
+                        e.end = "answer" if any(c.text.endswith(s) for s in sampling.stop) else last
                     elif not e.add_observation(result, tokenizer):
                         e.end = "max_tokens"
                     else:

@@ -18,6 +18,7 @@ from rlvr.algorithms.spec import EstimatorSpec, compute_advantages
 from rlvr.algorithms.update import TrainBatch
 from rlvr.config import TrainConfig, sampling_params
 from rlvr.engines.base import Completion, RolloutEngine
+from rlvr.environments import environment_factory
 from rlvr.stages.episodes import apply_env_rewards, generate
 from rlvr.tasks.prompts import PromptTemplate
 from rlvr.tasks.records import DataOrder, Example
@@ -180,14 +181,18 @@ def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
 
 def score_completions(reward_fn, rollouts: Rollouts, cfg: TrainConfig) -> tuple[list[dict], dict]:
     """(scores, grading counts) of a rollout batch: its reward function on the texts, plus the length term of
-    `rewards={..., overlong: w}` (DAPO's soft overlong punishment, `overlong_buffer` tokens before
-    max_new_tokens) on the sampled token counts, logged as `reward/overlong`."""
+    `rewards={..., overlong: w}` (DAPO's soft overlong punishment, `overlong_buffer` tokens before the
+    budget) on the sampled token counts, logged as `reward/overlong`. An episode (`env=`) counts the ids the
+    model sampled, not the observations' (loss_mask), against the episode's budget (the environment's
+    max_total_tokens, else max_new_tokens)."""
     scores, grading = score_batch(reward_fn, rollouts.responses, rollouts.truths)
     apply_env_rewards(scores, rollouts.completions)
     weight = (cfg.rewards or {}).get("overlong")
     if weight:
+        budget = environment_factory(cfg.env).episode_budget(cfg.max_new_tokens) if cfg.env else cfg.max_new_tokens
         for score, c in zip(scores, rollouts.completions):
-            penalty = soft_overlong_penalty(len(c.token_ids), cfg.max_new_tokens, cfg.overlong_buffer)
+            sampled = sum(c.loss_mask) if c.loss_mask is not None else len(c.token_ids)
+            penalty = soft_overlong_penalty(sampled, budget, cfg.overlong_buffer)
             score["reward"] = float(score["reward"]) + weight * penalty
             score["reward/overlong"] = penalty
     return scores, grading
