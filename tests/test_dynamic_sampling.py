@@ -127,3 +127,51 @@ def test_dynamic_sampling_metrics_describe_everything_sampled(tmp_path, model_di
         assert r["train/pass@1"] == pytest.approx(r["train/sampled_answer_reward"])
         assert r["train/kept_pass@1"] == pytest.approx(r["train/answer_reward"])
         assert r["train/dynamic_sampled_rollouts"] > 12 or r["train/pass@1"] == r["train/kept_pass@1"]
+
+
+def right_on_odd_answers_with_shaping(response: str, ground_truth: str) -> dict:
+    """Questions with an odd answer are always answered right, and a length-like shaping term (-0.1 on odd
+    character sums, like the overlong term) gives their groups reward spread without answer spread; even ones
+    score the response's parity, as `even_answers_only`, with the same shaping."""
+    parity = sum(map(ord, response)) % 2
+    right = 1.0 if int(ground_truth) % 2 else float(parity)
+    return {"reward": right - 0.1 * parity, "format_reward": 1.0, "answer_reward": right}
+
+
+def _trained_truths(out) -> set[int]:
+    return {int(row["ground_truth"]) % 2 for row in read_jsonl(out / "rollouts.jsonl")}
+
+
+def test_dynamic_sampling_judges_groups_by_the_answer_by_default(tmp_path, model_dir, monkeypatch):
+    """Issue 56 item 5: an all-right group whose shaped reward varies (the overlong term, a format bonus) has no
+    answer spread: DAPO and verl drop it, and so does rlvr by default; `dynamic_sampling_signal=reward` keeps it,
+    as the old filter on the shaped reward did (where std normalisation made a 0.1 penalty a full advantage)."""
+    monkeypatch.setattr(stages, "build_reward_fn", lambda cfg, name: right_on_odd_answers_with_shaping)
+    by_answer, by_reward = tmp_path / "answer", tmp_path / "reward"
+    train_module.train_grpo(_cfg(model_dir, by_answer, steps=2, dynamic_sampling=True, dynamic_sampling_rounds=6))
+    train_module.train_grpo(_cfg(model_dir, by_reward, steps=2, dynamic_sampling=True, dynamic_sampling_rounds=6,
+                                 dynamic_sampling_signal="reward"))
+    rows = [r for r in read_jsonl(by_answer / "metrics.jsonl") if "train/reward" in r]
+    assert rows and all(r["train/dynamic_kept_groups"] == 3 for r in rows)
+    assert _trained_truths(by_answer) == {0}  # only questions whose answers can differ
+    assert all(0 < r["train/answer_reward"] < 1 for r in rows)
+    assert _trained_truths(by_reward) == {0, 1}  # all-right groups with shaped spread were kept
+
+
+def test_dynamic_sampling_with_an_estimator_of_correctness_judges_by_the_answer(tmp_path, model_dir, monkeypatch):
+    """maxrl computes its advantages from the answer: its groups are judged by the answer whatever the setting."""
+    monkeypatch.setattr(stages, "build_reward_fn", lambda cfg, name: right_on_odd_answers_with_shaping)
+    out = tmp_path / "maxrl"
+    train_module.train_grpo(_cfg(model_dir, out, algorithm="maxrl", steps=1, dynamic_sampling=True,
+                                 dynamic_sampling_rounds=6, dynamic_sampling_signal="reward"))
+    assert _trained_truths(out) == {0}
+
+
+def test_dynamic_sampling_without_a_reward_advantage_is_refused(tmp_path, model_dir):
+    """opd (advantage=none) gives every group zero reward advantage: dynamic sampling would keep nothing and
+    generate dynamic_sampling_rounds batches a step. Refused at config time; opd_grpo has one and is accepted."""
+    with pytest.raises(ValueError, match="algorithm=opd .*advantage=none.*keep nothing"):
+        _cfg(model_dir, tmp_path / "opd", algorithm="opd", teacher=str(model_dir), dynamic_sampling=True)
+    _cfg(model_dir, tmp_path / "opd_grpo", algorithm="opd_grpo", teacher=str(model_dir), dynamic_sampling=True)
+    with pytest.raises(ValueError, match="dynamic_sampling_signal"):
+        _cfg(model_dir, tmp_path / "bad", dynamic_sampling=True, dynamic_sampling_signal="format")

@@ -128,9 +128,15 @@ class TrainConfig(TrainingFields):
     # logging
     log_rollouts_every: int = Field(5, ge=0, description="append the batch's rollouts to rollouts.jsonl every N steps")
     learning_rate: float = Field(1e-5, gt=0)
-    dynamic_sampling: bool = Field(False, description="DAPO: drop groups without reward spread and sample new "
-                                   "questions in their place (up to dynamic_sampling_rounds generations per step)")
+    dynamic_sampling: bool = Field(False, description="DAPO: drop groups without signal (dynamic_sampling_signal) "
+                                   "and sample new questions in their place (up to dynamic_sampling_rounds "
+                                   "generations per step)")
     dynamic_sampling_rounds: int = Field(4, ge=1, description="most generations per step with dynamic_sampling")
+    dynamic_sampling_signal: Literal["answer", "reward"] = Field(
+        "answer", description="what dynamic sampling judges a group by: answer (its correctness, answer_reward, as "
+        "DAPO and verl filter on accuracy) or reward (the shaped reward, format and overlong terms included); a "
+        "group is kept when the run's estimator gives it a nonzero advantage on that signal (a mean baseline: the "
+        "signal varies within the group). Estimators of correctness (rft, maxrl) always judge by the answer")
     # verl's DAPO recipe calls this gen_batch_size: oversampling the first round fills the batch in fewer, fuller
     # generation batches when most groups have no spread (GSM8K: about 3 in 10 have one at G = 16)
     dynamic_sampling_questions: int | None = Field(None, ge=1, description="questions generated in dynamic "
@@ -217,6 +223,11 @@ class TrainConfig(TrainingFields):
                 raise ValueError(f"dynamic_sampling_questions={self.dynamic_sampling_questions} is fewer than the "
                                  f"batch's {self.rollout_batch_size // self.group_size} groups "
                                  f"(rollout_batch_size / group_size)")
+        if self.dynamic_sampling and self.advantage == "none":
+            raise ValueError(f"dynamic_sampling with algorithm={self.algorithm} (advantage=none): dynamic sampling "
+                             "keeps the groups the estimator gives a nonzero reward advantage, and this one gives "
+                             "none, so it would keep nothing and generate dynamic_sampling_rounds batches a step; "
+                             "set dynamic_sampling=false, or use an estimator with a reward advantage (opd_grpo)")
         if self.distributed.enabled and self.dynamic_sampling:
             raise ValueError("dynamic_sampling runs in the local loop only for now; set distributed.rollout_workers=0 "
                              "distributed.learners=1")

@@ -117,9 +117,13 @@ def collect_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
 def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: DataOrder, prompt: PromptTemplate,
                      tokenizer, cfg: TrainConfig, step: int, reward_fn, spec: EstimatorSpec):
     """DAPO's dynamic sampling, for every estimator: a group teaches nothing when the run's own estimator gives
-    it zero advantage on every rollout (a mean baseline: rewards without spread; no baseline, as in rft and
-    reinforce: all wrong; DAPO's masking: every rollout with signal truncated; a registered advantage: whatever
-    it says), so such groups are dropped and new questions sampled in their place, up to
+    it zero advantage on every rollout of the group's signal (a mean baseline: the signal without spread; no
+    baseline, as in rft and reinforce: all wrong; DAPO's masking: every rollout with signal truncated; a
+    registered advantage: whatever it says). The signal is `dynamic_sampling_signal`: the answer's correctness
+    by default, as DAPO and verl filter on accuracy, so shaping (a format bonus, the overlong term) cannot keep
+    an all-right or all-wrong group whose std normalisation would blow a length penalty up into a full-size
+    advantage; `reward` judges by the shaped reward. Such groups are dropped and new questions sampled in their
+    place, up to
     `dynamic_sampling_rounds` generations, until the batch holds rollout_batch_size / group_size groups with
     signal (the first round generates `dynamic_sampling_questions` questions when set, later rounds as many as
     the keep rate so far says will fill the batch). Short of that, the step trains the groups it found; none
@@ -130,7 +134,9 @@ def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
     round) for `score_rollouts`, so nothing is graded twice, and (everything sampled, its scores) for the
     step's rollout metrics."""
     want, g = cfg.rollout_batch_size // cfg.group_size, cfg.group_size
-    key = "answer_reward" if spec.reward_signal == "correctness" else "reward"  # the advantage's signal
+    # what a group is judged by; an estimator of correctness (rft, maxrl) computes its advantages from it anyway
+    by_answer = cfg.dynamic_sampling_signal == "answer" or spec.reward_signal == "correctness"
+    key = "answer_reward" if by_answer else "reward"
     questions, prompts, completions, kept_scores = [], [], [], []
     everything = Rollouts([], [], [])
     every_score: list[dict] = []
@@ -172,7 +178,9 @@ def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
                 prompts.append(new_p[q])
     meta = {"train/dynamic_rounds": rounds, "train/dynamic_kept_groups": len(questions),
             "train/dynamic_sampled_rollouts": sampled, "train/sampled_answer_reward": right / max(sampled, 1)}
-    if not questions:  # nothing had signal: the last round's first batch of groups (a zero-gradient step)
+    # nothing had signal: the last round's first batch of groups (a zero-gradient step, unless shaping the filter
+    # did not judge by gives it advantages)
+    if not questions:
         batch, scores = last
         kept = Rollouts(batch.questions[:want], batch.prompts[:want], batch.completions[: want * g])
         return kept, meta, (scores[: want * g], grading), (everything, every_score)

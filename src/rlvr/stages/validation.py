@@ -63,7 +63,7 @@ NOT_IN_START_VALIDATION = frozenset((
     "steps_per_rollout", "mask_truncated_completions",
     "reward_signal", "distill", "distill_discount", "distill_kl", "rollout_batch_size", "group_size", "temperature",
     "top_p", "max_new_tokens", "min_new_tokens", "repetition_penalty", "dynamic_sampling", "dynamic_sampling_rounds",
-    "dynamic_sampling_questions",
+    "dynamic_sampling_questions", "dynamic_sampling_signal",
 ))
 
 
