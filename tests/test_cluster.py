@@ -250,6 +250,64 @@ def test_a_file_estimator_travels_to_nodes_that_do_not_have_it(tmp_path, model_d
     assert run.stdout.split()[-1] == cfg.estimator.advantage == "rloo"
 
 
+def test_a_weight_broadcast_over_nodes_that_differ_in_native_bf16_agrees_on_one_dtype(tmp_path, model_dir,
+                                                                                      monkeypatch):
+    class Worker(roles.RolloutWorker):  # defined here: Ray ships a local class by value
+        """Worker 0 on a node with native bf16 kernels, the others on nodes without (devices.cpu_has_native,
+        the detection native_dtype uses, patched in this actor's own process)."""
+
+        def __init__(self, cfg, index):
+            from rlvr.core import devices
+
+            devices.cpu_has_native = lambda dtype: index == 0
+            super().__init__(cfg, index)
+
+    class Learner(roles.Learner):
+        def __init__(self, *args):
+            from rlvr.core import devices
+
+            devices.cpu_has_native = lambda dtype: True
+            super().__init__(*args)
+
+    # the old code: learner 0 and worker 0 (native bf16) sent and received a bf16 bucket, worker 1 (emulated:
+    # float32) one float32 bucket of another size, and the collective failed or hung
+    # Roles makes these its actors (a patched roles.Learner would make Ray ship the base class by value too)
+    remote = ray.remote
+    monkeypatch.setattr(ray, "remote", lambda **kw: lambda cls: remote(**kw)(
+        {roles.RolloutWorker: Worker, roles.Learner: Learner}.get(cls, cls)))
+    cfg = _cfg(model_dir, tmp_path / "run", generation_dtype="bfloat16", **{
+        "distributed.rollout_workers": 2, "distributed.weight_sync": "broadcast", "distributed.timeout_s": 60})
+    team = roles.Roles(cfg)
+    try:
+        team.setup_learners()
+        engine_state = lambda worker: {k: v.clone() for k, v in worker.engine.named_tensors().items()}  # noqa: E731
+        assert ray.get([w.__ray_call__.remote(lambda w: w.dtype) for w in team.workers]) == ["float32"] * 2
+        # weights no worker holds yet, then one push
+        ray.get(team.learners[0].__ray_call__.remote(lambda a: [p.data.add_(0.01) for p in a.model.parameters()]))
+        team.push_weights(1)
+        team.check_pushes(wait=True)
+        want = ray.get(team.learners[0].weights.remote("float32"))
+        for got in ray.get([w.__ray_call__.remote(engine_state) for w in team.workers]):
+            assert {k: v.dtype for k, v in got.items()} == {k: torch.float32 for k in got}
+            assert all(torch.equal(got[k], v) for k, v in want.items())
+    finally:
+        team.close()
+
+
+def test_a_weight_layout_mismatch_is_named_on_both_sides_before_the_first_broadcast():
+    from rlvr.distributed.parallel import agreed_dtype, check_same_layout
+
+    assert agreed_dtype(["bfloat16", "bfloat16"]) == "bfloat16" and agreed_dtype(["bfloat16", "float32"]) == "float32"
+    sent = {"node": "10.0.0.1", "tensors": [["embed.weight", [8, 4], "bfloat16"], ["inv_freq", [2], "float32"]]}
+    check_same_layout(sent, {"node": "10.0.0.2", "tensors": list(reversed(sent["tensors"]))}, "a", "b")
+    for held, says in (([["embed.weight", [8, 4], "float32"]], r"holds it as float32 \(8, 4\)"),
+                       ([["embed.weight", [8, 5], "bfloat16"]], r"holds it as bfloat16 \(8, 5\)"),
+                       ([["inv_freq", [2], "float32"]], "has no such tensor")):
+        with pytest.raises(RuntimeError, match=r"learner rank 0 \(node 10.0.0.1\) sends 'embed.weight' as bfloat16 "
+                                               rf"\(8, 4\), but rollout worker 1 \(node 10.0.0.2\) {says}"):
+            check_same_layout(sent, {"node": "10.0.0.2", "tensors": held}, "learner rank 0", "rollout worker 1")
+
+
 def test_sampled_log_probs_land_on_the_response_positions():
     from rlvr.engines.base import Completion
 

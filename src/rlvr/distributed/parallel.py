@@ -181,6 +181,28 @@ def init_learner_group(rank: int, world_size: int, master_addr: str, master_port
     return DataParallel(Group(backend, device, timeout_s))
 
 
+def agreed_dtype(dtypes: list[str]) -> str:
+    """The one dtype every rollout engine holds its weights in for a weight broadcast: theirs when they agree,
+    else float32 (a node without native kernels for a reduced precision runs float32, devices.native_dtype;
+    casting the others up costs nothing that matters, and one collective then carries one layout)."""
+    return dtypes[0] if len(set(dtypes)) == 1 else "float32"
+
+
+def check_same_layout(sent: dict, held: dict, sender: str, receiver: str) -> None:
+    """Stop before the first broadcast when `receiver` would not receive what `sender` sends: a layout is
+    {"node": address, "tensors": [[name, shape, dtype], ...]} in the order sent. A mismatch would otherwise
+    hang the collective or copy bytes of one tensor into another (WeightBroadcast buckets by dtype)."""
+    held_by_name = {name: (list(shape), dtype) for name, shape, dtype in held["tensors"]}
+    for name, shape, dtype in sent["tensors"]:
+        there = held_by_name.get(name)
+        if there != (list(shape), dtype):
+            what = "has no such tensor" if there is None else f"holds it as {there[1]} {tuple(there[0])}"
+            raise RuntimeError(f"weight broadcast: {sender} (node {sent['node']}) sends {name!r} as {dtype} "
+                               f"{tuple(shape)}, but {receiver} (node {held['node']}) {what}; every rollout engine "
+                               "must hold the learner's model in one dtype (distributed.weight_sync=object_store "
+                               "casts on each worker instead)")
+
+
 class WeightBroadcast:
     """A process group of its own for weight sync: learner rank 0 is rank 0, the rollout workers 1..N. It is
     built from its own TCP store, apart from the learners' default group, so the learners keep theirs (the

@@ -17,8 +17,9 @@ from rlvr import stages
 from rlvr.config import TrainConfig
 from rlvr.core import checkpoint as ckpt
 from rlvr.core.devices import actor_device, native_dtype, resolve_placement
+from rlvr.distributed.parallel import agreed_dtype, check_same_layout
 from rlvr.distributed.placement import RoleFailed, check_feasible, check_model_here, check_shared_run_dir, shipped
-from rlvr.tasks.prompts import get_prompt
+from rlvr.tasks.task import task_prompt
 from rlvr.tasks.records import DataOrder
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,14 @@ def _actor_device(cfg: TrainConfig, num_gpus: float, field: str) -> torch.device
     return actor_device(cfg.device, num_gpus, ray.get_gpu_ids() if num_gpus > 0 else [], field)
 
 
+def _layout(tensors: dict[str, torch.Tensor]) -> dict:
+    """What a weight broadcast carries, in order, and from or to which node (parallel.check_same_layout)."""
+    import ray
+
+    return {"node": ray.util.get_node_ip_address(),
+            "tensors": [[name, list(t.shape), str(t.dtype).removeprefix("torch.")] for name, t in tensors.items()]}
+
+
 class RolloutWorker:
     """A rollout engine in its own process; also the evaluator (worker 0 validates)."""
 
@@ -46,11 +55,27 @@ class RolloutWorker:
         _threads(self.cfg.distributed.rollout_num_cpus)
         self.device = device = _actor_device(self.cfg, self.cfg.distributed.rollout_num_gpus,
                                              "distributed.rollout_num_gpus")
-        dtype = native_dtype(self.cfg.generation_dtype, device)  # loaded in it: no fp32 copy beside the engine's
-        model, self.tokenizer = load_model(self.cfg.model, dtype=dtype, device=device)
-        self.engine = HFEngine(model, self.tokenizer, batch_size=self.cfg.generation_batch_size, dtype=dtype,
+        self.dtype = native_dtype(self.cfg.generation_dtype, device)  # loaded in it: no fp32 copy beside the engine's
+        model, self.tokenizer = load_model(self.cfg.model, dtype=self.dtype, device=device)
+        self.engine = HFEngine(model, self.tokenizer, batch_size=self.cfg.generation_batch_size, dtype=self.dtype,
                                prefix_cache_mib=self.cfg.env_cache_mib)
         self.index, self.version = index, -1
+
+    def weight_layout(self) -> dict:
+        """The engine's dtype and the tensors a weight broadcast writes into (Roles agrees on one dtype)."""
+        return {"dtype": self.dtype, **_layout(self.engine.named_tensors())}
+
+    def use_dtype(self, dtype: str) -> None:
+        """Hold the engine's weights in `dtype`, the one the driver agreed on for a weight broadcast because the
+        workers' nodes differ in native support (only ever float32: a cast up, before the first push
+        overwrites the weights anyway)."""
+        from rlvr.engines.hf import HFEngine
+
+        if dtype != self.dtype:
+            model = self.engine.model.to(getattr(torch, dtype))
+            self.engine = HFEngine(model, self.tokenizer, batch_size=self.cfg.generation_batch_size, dtype=dtype,
+                                   prefix_cache_mib=self.cfg.env_cache_mib)
+            self.dtype = dtype
 
     def set_weights(self, weights: dict, version: int) -> int:
         self.engine.load_weights(weights)
@@ -78,7 +103,7 @@ class RolloutWorker:
         return self.engine.generate(prompts, sampling), self.version
 
     def validate(self, examples: list) -> dict:
-        metrics, _ = stages.validate(self.engine, self.engine.model, examples, get_prompt(self.cfg.prompt),
+        metrics, _ = stages.validate(self.engine, self.engine.model, examples, task_prompt(self.cfg),
                                      self.tokenizer, self.cfg)
         return metrics
 
@@ -135,14 +160,16 @@ class Learner:
                                     self.cfg, step, times, parallel=self.parallel)
         return {"updates": updates, "lr": self.scheduler.get_last_lr()[0], "times": times}
 
-    def weights(self) -> dict:
+    def weights(self, dtype: str | None = None) -> dict:
+        """The policy's weights for the engines, parameters in `dtype` (the driver's: the one the workers' engines
+        hold; default this learner's own generation_dtype)."""
         from rlvr.engines.hf import engine_weights
 
-        return engine_weights(self.model, self.cfg.generation_dtype)
+        return engine_weights(self.model, dtype or self.cfg.generation_dtype)
 
-    def weight_names(self) -> list[str]:
-        """The order the weight broadcast sends tensors in."""
-        return list(self.weights())
+    def weight_layout(self, dtype: str) -> dict:
+        """What the weight broadcast sends, in the order it sends it."""
+        return _layout(self.weights(dtype))
 
     def join_weight_group(self, host: str, port: int) -> None:
         """Rank 0 of the weight-broadcast group (see RolloutWorker.join_weight_group)."""
@@ -152,11 +179,11 @@ class Learner:
         self.weight_group = WeightBroadcast(host, port, 0, d.rollout_workers + 1, d.weight_backend, self.device,
                                             d.timeout_s)
 
-    def broadcast_weights(self) -> None:
+    def broadcast_weights(self, dtype: str) -> None:
         from rlvr.engines.hf import engine_weights
 
         # from the device the policy lives on: no GPU -> CPU -> GPU trip
-        self.weight_group.broadcast_(list(engine_weights(self.model, self.cfg.generation_dtype, self.device).values()))
+        self.weight_group.broadcast_(list(engine_weights(self.model, dtype, self.device).values()))
 
     def save_checkpoint(self, step: int, order: DataOrder, monitor: dict, driver: dict | None = None) -> str:
         """`driver`: the driver loop's own state (async mode: the batches in flight, re-queued on resume)."""
@@ -205,6 +232,7 @@ class Roles:
         self.names = {**{w: f"rollout worker {i}" for i, w in enumerate(self.workers)},
                       **{a: f"learner rank {r}" for r, a in enumerate(self.learners)}}
         self.pushes: list[tuple] = []  # weight pushes not yet collected: (ref, actor, version, time sent)
+        self.weight_dtype = cfg.generation_dtype  # the engines' own, once setup_learners has asked them
 
     def wait(self, refs: list, actors: list, what: str) -> list:
         """ray.get with the run's timeout; a failure names the role, what it was doing and the checkpoint."""
@@ -244,24 +272,45 @@ class Roles:
         states = self.wait([a.setup.remote(addr, port, run_token) for a in self.learners], self.learners,
                            "joining the process group and loading the policy")
         self.wait([w.__ray_ready__.remote() for w in self.workers], self.workers, "loading the model")
+        layouts = self._agree_weight_dtype()
         if self.cfg.distributed.weight_sync == "broadcast":
             host, port = self.wait([self.learners[0].rendezvous.remote()], self.learners[:1], "choosing a port")[0]
-            names = self.wait([self.learners[0].weight_names.remote()], self.learners[:1], "listing the weights")[0]
+            sent = self.wait([self.learners[0].weight_layout.remote(self.weight_dtype)], self.learners[:1],
+                             "listing the weights")[0]
+            for worker, held in zip(self.workers, layouts):
+                check_same_layout(sent, held, "learner rank 0", self.names[worker])
+            names = [name for name, _, _ in sent["tensors"]]
             self.wait([self.learners[0].join_weight_group.remote(host, port),
                        *[w.join_weight_group.remote(host, port, names) for w in self.workers]],
                       self.learners[:1] + self.workers, "forming the weight-broadcast group")
         return states[0]
+
+    def _agree_weight_dtype(self) -> list[dict]:
+        """Each worker's engine chose its dtype on its own node (float32 where bf16 would be emulated): the
+        learner sends the one they hold, and for a broadcast, which needs one layout on every rank, workers that
+        differ all hold float32 (parallel.agreed_dtype). Returns the workers' layouts."""
+        layouts = self.wait([w.weight_layout.remote() for w in self.workers], self.workers, "listing the weights")
+        self.weight_dtype = agreed_dtype([lay["dtype"] for lay in layouts])
+        moved = [w for w, lay in zip(self.workers, layouts) if lay["dtype"] != self.weight_dtype]
+        if moved and self.cfg.distributed.weight_sync == "broadcast":
+            log.warning("the rollout workers' nodes differ in native %s (%s): every engine holds %s, so that one "
+                        "broadcast carries the weights", self.cfg.generation_dtype,
+                        ", ".join(f"{self.names[w]}: {lay['dtype']}" for w, lay in zip(self.workers, layouts)),
+                        self.weight_dtype)
+            self.wait([w.use_dtype.remote(self.weight_dtype) for w in moved], moved, "changing the engine's dtype")
+            layouts = self.wait([w.weight_layout.remote() for w in self.workers], self.workers, "listing the weights")
+        return layouts
 
     def push_weights(self, version: int) -> None:
         """Learner rank 0's weights to every worker; each applies them before its next generate (Ray runs an
         actor's calls in order). object_store: one put, one read per worker; broadcast: one collective.
         The push is not waited for here (async mode overlaps it with generation): `check_pushes` collects it."""
         if self.cfg.distributed.weight_sync == "broadcast":
-            refs = [self.learners[0].broadcast_weights.remote(),
+            refs = [self.learners[0].broadcast_weights.remote(self.weight_dtype),
                     *[w.receive_weights.remote(version) for w in self.workers]]
             actors = self.learners[:1] + self.workers
         else:
-            weights = self.learners[0].weights.remote()
+            weights = self.learners[0].weights.remote(self.weight_dtype)
             refs, actors = [w.set_weights.remote(weights, version) for w in self.workers], list(self.workers)
         self.pushes.extend((ref, actor, version, time.monotonic()) for ref, actor in zip(refs, actors))
 
