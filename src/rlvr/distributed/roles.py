@@ -19,7 +19,7 @@ from rlvr.core import checkpoint as ckpt
 from rlvr.core.devices import actor_device, native_dtype, resolve_placement
 from rlvr.distributed.parallel import agreed_dtype, check_same_layout
 from rlvr.distributed.placement import RoleFailed, check_feasible, check_model_here, check_shared_run_dir, shipped
-from rlvr.tasks.task import task_prompt
+from rlvr.tasks.prompts import get_prompt
 from rlvr.tasks.records import DataOrder
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class RolloutWorker:
         return self.engine.generate(prompts, sampling), self.version
 
     def validate(self, examples: list) -> dict:
-        metrics, _ = stages.validate(self.engine, self.engine.model, examples, task_prompt(self.cfg),
+        metrics, _ = stages.validate(self.engine, self.engine.model, examples, get_prompt(self.cfg.prompt),
                                      self.tokenizer, self.cfg)
         return metrics
 
