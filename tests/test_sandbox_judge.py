@@ -13,6 +13,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ import pytest
 import rlvr.sandbox as sandbox
 from rlvr.config import TrainConfig, load_config
 from rlvr.grading.code import grade_programs
+from rlvr.grading.values import canonical, canonical_text, comparable
 from rlvr.sandbox import SandboxUnavailable, launch, run_program
 from rlvr.sandbox.harness import DecodeError, Pipe, decode, encode
 from rlvr.sandbox.processes import read_results
@@ -155,6 +157,45 @@ def test_every_exact_value_round_trips_through_the_codec():
         assert decode(text) == value and type(decode(text)) is type(value)
     assert math.isnan(decode(encode(float("nan"))))
     assert encode(True) == "True" and encode([1, (2,), {3}]) == "[1, (2,), {3}]"
+
+
+def test_canonical_spellings_are_equal_exactly_when_the_values_are():
+    """The trainer compares a program's value with the test's literal on spellings (rlvr.grading.values), read
+    from encode's text without building the value: the same verdicts as Python's == on the built values."""
+    rng = random.Random(4)
+    values = [_random_value(rng) for _ in range(1500)]
+    specials = [1, 1.0, True, 0, -0.0, False, 0j, complex(1, 0), complex(1, -0.0), 2**53, float(2**53), 2**53 + 1,
+                10**300, 1e300, int(1e300), math.inf, -math.inf, complex(1, math.inf), [1], (1,), {1}, frozenset({1}),
+                {1: 2}, {True: 2.0}, {2: 1, 1: 2}, {1: 2, 2: 1}, "", b"", "a'b", 'a"b', "\u00e9\n", [], (), set(), {},
+                None, {(1, 2): frozenset({3})}, {frozenset({1}): 1}, ((),), ({},), (set(),), [[1, 2], {3: (4,)}]]
+    for value in values + specials:
+        assert canonical_text(encode(value)) == canonical(value) is not None, value
+    pairs = [(a, b) for a in specials for b in specials] + [(a, rng.choice(values)) for a in values]
+    for a, b in pairs:
+        assert (canonical(a) == canonical(b)) == (a == b), (a, b)
+    assert canonical(math.nan) is None and canonical_text(encode([math.nan])) is None  # NaN equals nothing
+    grade = CodeTestsReward(fraction=True, limits=LIMITS)
+    program = "```python\ndef f():\n    return {True: 'a', 2: (3.0,), 'k': frozenset({-0.0})}\n```"
+    tests = ["assert f() == {2: (3,), 1.0: 'a', 'k': {0}}", "assert f() == {1: 'a', 2: [3], 'k': {0}}",
+             "assert not f()", "assert f()['k'] == set()"]
+    assert grade(program, code_answer(tests, "f"))["reward"] == 0.25
+
+
+def test_reading_a_value_costs_the_trainer_linear_time_whatever_the_program_chose():
+    colliding = [str(i * (2**61 - 1)) for i in range(1, 40_000)]  # every one hashes to 0
+    text = "{" + ", ".join(colliding) + "}"
+    assert len(text) < 1_000_000
+    start = time.process_time()
+    spelled = canonical_text(text)
+    seconds = time.process_time() - start
+    assert spelled == "{" + ", ".join(sorted(colliding)) + "}"
+    assert seconds < 2.0  # ~0.15 s here; building this set (ast.literal_eval, harness.decode) takes minutes
+    # bounded: too long, too deep, an int past Python's 4300 digits, anything but encode's grammar
+    assert canonical_text("[" + "1, " * 400_000 + "1]") is None
+    assert canonical_text("[" * 65 + "]" * 65) is None and canonical_text("[" * 60 + "]" * 60) is not None
+    assert canonical_text("9" * 5000) is None and canonical_text("f(1)") is None and canonical_text("{1: }") is None
+    # and a value far longer than the expected one is not read at all
+    assert not comparable("[" + "0, " * 1000 + "0]", canonical([0, 0]))
 
 
 def _garbage(rng: random.Random) -> bytes:

@@ -16,10 +16,9 @@ once across every episode of a step (the sandbox's own process-wide bound).
 
 from __future__ import annotations
 
-import ast
-
 from rlvr import sandbox
 from rlvr.environments.base import Environment, Observation, register_environment
+from rlvr.grading.values import read_str
 from rlvr.sandbox.records import Check, Job
 
 OUTPUT_CHARS = 1000  # the tail of what a block printed that comes back (a loop that prints forever is cut)
@@ -41,10 +40,10 @@ def run_python(code: str) -> str:
     job = Job(_WRAPPER.format(code=code, chars=OUTPUT_CHARS), (Check("OUTPUT"),))
     result = sandbox.run_programs([job], workers=1)[0]  # the sandbox bounds the programs at once, process-wide
     if result.status == "ok" and result.values and result.values[0] is not None:
-        try:
-            return str(ast.literal_eval(result.values[0]))
-        except (ValueError, SyntaxError):
-            return result.values[0]
+        # read as one string literal only: a program that swaps OUTPUT for a set of colliding ints must not get
+        # the trainer to build it (rlvr.grading.values)
+        text = read_str(result.values[0])
+        return text if text is not None else result.values[0]
     return f"({result.status}: {result.error or 'no output'})"
 
 
