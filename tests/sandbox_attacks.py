@@ -281,7 +281,7 @@ def attacks(t: dict) -> dict[str, tuple[str, list[str]]]:
             math.isclose = lambda *a, **k: True
             math.sqrt = lambda x: 3.0
             def r(x):
-                return -1.0""", ["assert math.isclose(r(4), 2.0)", "assert math.sqrt(4) == r(1) + 4"]),
+                return -1.0""", ["assert math.isclose(r(4), 2.0)", "assert math.sqrt(4) == r(1) + 4"], "r"),
         "object_truth_and_equality": ("""
             class Everything:
                 def __eq__(self, other): return True
@@ -315,24 +315,100 @@ def attacks(t: dict) -> dict[str, tuple[str, list[str]]]:
     }
 
 
+# Colliding hashes: every multiple of 2**61 - 1 hashes to 0, so a set of them costs quadratic time to build.
+# The judge builds this one (inside the sandbox's limits); the trainer must not.
+COLLIDING = 8000
+_colliding = ", ".join(str(i * (2**61 - 1)) for i in range(1, COLLIDING + 1))
+
+
+def judge_attacks() -> dict[str, tuple]:
+    """Attacks on how the tests are run (issue 58): name -> (program, tests, entry point, checks a wrong
+    program passes honestly). Each passes exactly its honest checks, and so never scores."""
+    everything = textwrap.dedent("""
+        class Everything:
+            def __eq__(self, other): return True
+            def __ne__(self, other): return False
+            def __hash__(self): return 3
+            def __bool__(self): return True
+            def __len__(self): return 1
+            def __contains__(self, x): return True
+            def __iter__(self): return iter([])
+            def __lt__(self, other): return True
+            def __gt__(self, other): return True
+            def __index__(self): return 3
+        """)
+    return {
+        # statements after the last check (a loop of asserts, a helper called at the end) ran nowhere
+        "checks_after_the_last_assert": ("def square(x):\n    return 0",
+                                         ["assert square(0) == 0\nfor x in range(1, 4):\n    assert square(x) == x * x",
+                                          "def more():\n    assert square(5) == 25\nmore()"], "square", 1),
+        # a setup-only test string never ran, so the program's own `x` was the one checked
+        "setup_that_never_ran": ("x = 5\ndef f(a):\n    raise ValueError(a)", ["x = f(1)", "assert x == 5"]),
+        # test functions ran before the helpers and constants the file defines below them
+        "helpers_defined_below_the_tests": (
+            "EXPECTED = 1\ndef helper(x):\n    return 1\ndef f(x):\n    return 1",
+            ["def test_f():\n    assert f(2) == helper(2)\n    assert f(3) == EXPECTED\n"
+             "def helper(x):\n    return 2 * x\nEXPECTED = 6"]),
+        "a_name_the_file_binds_later": ("LIMIT = 2\ndef f(x):\n    return 2", ["assert f(1) == LIMIT\nLIMIT = 3"]),
+        # the program's object under a standard module's name answered the test's `math.isclose`
+        "program_object_named_math": (
+            "class M:\n    def isclose(self, *a, **k):\n        return True\n    def sqrt(self, x):\n        return 3.0\n"
+            "math = M()\nimport json as re\nre.match = lambda *a: True\ndef r(x):\n    return -1.0",
+            ["assert math.isclose(r(4), 2.0)", "assert math.sqrt(16) == r(1) + 4", "assert re.match('a', 'b')"], "r"),
+        # `from solution import *` (or `import solution`) brought in the program's own builtins
+        "star_import_of_builtins": (
+            "def abs(x):\n    return 0\ndef all(x):\n    return True\ndef sum(x):\n    return 3\n"
+            "def isinstance(*a):\n    return True\ndef len(x):\n    return 3\ndef f(x):\n    return -5",
+            ["from solution import *\nassert abs(f(1)) == 0", "from solution import *\nassert all([f(1) > 0])",
+             "from solution import *\nassert sum([f(1)]) == 3", "from solution import *\nassert isinstance(f(1), str)",
+             "import solution\nassert solution.len(f(1)) == 3", "from solution import len\nassert len(f(1)) == 3"]),
+        # membership, equality, hashing, order and truth decided by the program's object
+        "program_decides_membership_and_hashing": (
+            everything + "def f(x):\n    return Everything()",
+            ["assert 3 in f(1)", "assert f(1) in {3}", "assert f(1) in [3]", "assert {f(1)} == {3}",
+             "assert [3].count(f(1)) == 1", "assert f(1) > 2", "assert [0, 1, 2, 3][f(1)] == 3",
+             "assert sorted([f(1), 3]) == [3, 3]", "assert 3 in list(f(1)) or 3 in f(1)"]),
+        "unittest_asserts_on_program_objects": (
+            everything + "def f(x):\n    return Everything()",
+            ["import unittest\nclass T(unittest.TestCase):\n    def test_eq(self):\n        self.assertEqual(f(1), 3)\n"
+             "    def test_in(self):\n        self.assertIn(3, f(1))\n    def test_true(self):\n"
+             "        self.assertTrue(f(1))\n    def test_count(self):\n        self.assertCountEqual(f(1), [3])"]),
+        # the task's entry point named like a builtin was never bound: the builtin answered
+        "entry_point_named_like_a_builtin": ("x = 1", ["assert max([1, 3]) == 3", "assert max(2, 5) == 5"], "max"),
+        # HumanEval: the program's own `check` must not replace the test's
+        "program_defines_check": ("def check(candidate):\n    pass\ndef f(x):\n    return 0",
+                                  ["def check(candidate):\n    assert candidate(1) == 2"]),
+        # a value that costs the trainer quadratic time to build (and a test whose literal makes it read it)
+        "colliding_hashes_for_the_trainer": (
+            f"def f():\n    return {{{_colliding}}}", [f"assert f() == {{{_colliding}, 1}}", "assert not f()"]),
+    }
+
+
 def run(t: dict, limits=None) -> dict:
-    """Grade every attack at once; name -> {"passed", "tests", "status", "error"} and the batch's seconds."""
+    """Grade every attack at once; name -> {"passed", "honest", "tests", "status", "error", "compare_seconds"}
+    and the batch's seconds (compare_seconds: this process's time to compare the values with the tests)."""
     from rlvr.grading.code import parse_tests, passed
     from rlvr.sandbox import run_programs
     from rlvr.sandbox.records import Job, SandboxLimits
     from rlvr.tasks.code import code_answer
 
     limits = limits or SandboxLimits(timeout=4, cpu_seconds=2, memory_mb=256, file_mb=8, processes=16, output_kb=256)
-    table = attacks(t)
+    defaults = ("f", 0)  # entry point, honest checks
+    table = {name: (*spec, *defaults[len(spec) - 2:]) for name, spec in {**attacks(t), **judge_attacks()}.items()}
     names = list(table)
-    truths = [parse_tests(code_answer(table[n][1], "f")) for n in names]
+    truths = [parse_tests(code_answer(table[n][1], table[n][2])) for n in names]
     start = time.perf_counter()
     results = run_programs([Job(textwrap.dedent(table[n][0]).strip() + "\n", tests.checks)
                             for n, tests in zip(names, truths)], limits)
     seconds = time.perf_counter() - start
-    out = {n: {"passed": sum(passed(tests, r.values)) if r.status == "ok" else 0, "tests": len(tests.checks),
-               "status": r.status, "error": r.error, "values": r.values}
-           for n, tests, r in zip(names, truths, results)}
+    out = {}
+    for n, tests, r in zip(names, truths, results):
+        clock = time.process_time()
+        verdicts = passed(tests, r.values)
+        out[n] = {"passed": sum(verdicts) if r.status == "ok" else 0, "honest": table[n][3], "tests": len(tests.checks),
+                  "status": r.status, "error": r.error, "values": [v if v is None or len(v) < 200 else v[:200] + "..."
+                                                                    for v in r.values],
+                  "compare_seconds": time.process_time() - clock}
     return {"attacks": out, "seconds": seconds}
 
 

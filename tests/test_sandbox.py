@@ -204,14 +204,15 @@ def _report(attacked, user):
 
 ATTACKS = list(sandbox_attacks.attacks({k: "/x" if k != "port" else 1 for k in
                                         ("run_dir", "dataset", "canary", "port", "unix_socket", "secret", "pid",
-                                         "survivor", "sources", "site_packages", "hidden")}))
+                                         "survivor", "sources", "site_packages", "hidden")})) + list(sandbox_attacks.judge_attacks())
 
 
 @pytest.mark.parametrize("user", USERS)
 @pytest.mark.parametrize("name", ATTACKS)
 def test_an_attack_passes_no_test(attacked, user, name):
     result = _report(attacked, user)["attacks"][name]
-    assert result["passed"] == 0, result
+    assert result["passed"] == result["honest"] < result["tests"], result  # only the checks a wrong program passes
+    assert result["compare_seconds"] < 0.25, result  # reading its values here cost the trainer next to nothing
 
 
 @pytest.mark.parametrize("user", USERS)
@@ -311,15 +312,15 @@ def test_grading_64_programs_is_parallel_and_each_distinct_program_runs_once():
 
 
 def test_parse_tests_keeps_expected_values_out_of_the_sandbox():
-    from rlvr.grading.code import _Is
+    from rlvr.grading.code_tests import Is
 
     tests = parse_tests(code_answer(["assert f([1, 2]) == [2, 4]", "assert 3 == g(1)", "assert h(0) is None",
                                      "assert not k('')", "assert f(1) > 0",
                                      "import math\ndef test_sqrt():\n    assert math.isclose(r(4), 2.0)"], "f"))
     assert [(c.expr, c.kind) for c in tests.checks] == [("f([1, 2])", "value"), ("g(1)", "value"), ("h(0)", "value"),
                                                        ("k('')", "value"), ("f(1) > 0", "true"),
-                                                       ("test_sqrt()", "value")]
-    assert tests.expected[:3] == ([2, 4], 3, _Is(None)) and tests.checks[5].setup.startswith("import math\ndef test_sqrt")
+                                                       ("test_sqrt()", "run")]
+    assert tests.expected[:3] == ([2, 4], 3, Is(None)) and tests.checks[5].setup.startswith("import math\ndef test_sqrt")
     assert all("[2, 4]" not in c.expr + c.setup for c in tests.checks)
     humaneval = parse_tests(code_answer(["def check(candidate):\n    assert candidate(2) == 4"], "double"))
     assert humaneval.checks[0].expr == "check(double)"

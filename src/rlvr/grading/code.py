@@ -6,44 +6,33 @@ the sandbox (`rlvr.sandbox`), and passing them all is the reward.
     code_tests:think        format_reward also needs a closed reasoning trace ("</think>") before the block
     code_format             code_tests' format_reward as the reward (a format bonus, nothing is run)
 
-The ground truth is the JSON `{"entry_point": ..., "tests": [...]}` of `rlvr.tasks.code` (`code_answer`).
-Each test is Python source, run by the sandbox's judge (`rlvr.sandbox.harness`), a process of its own that
-calls the program's functions through a pipe: every value a test sees is the judge's own copy of an exact
-built-in value, so no test style lets the program's objects decide a comparison. An `assert <expr> ==
-<literal>` (or `<literal> == <expr>`, `<expr> is None/True/False`, `not <expr>`) is checked twice over: the
-judge sends back the value of `<expr>` and it is compared here with the literal, which never enters the
-sandbox. Any other assert is decided by its truth value in the judge, and pytest-style `def test_*()`
-functions (and HumanEval's `check(candidate)`) must return without raising. Other statements in a test
-(imports, helpers, setup) run in the judge before the checks that follow them.
+The ground truth is the JSON `{"entry_point": ..., "tests": [...]}` of `rlvr.tasks.code` (`code_answer`),
+read into checks by `rlvr.grading.code_tests` (`parse_tests`): the test file runs as pytest or plain Python
+would run it, in the sandbox's judge (`rlvr.sandbox.harness`), a process of its own that calls the program's
+functions through a pipe, so every value a test sees is the judge's own copy of an exact built-in value and
+no test style lets the program's objects decide a comparison, a membership or a truth value. An `assert
+<expr> == <literal>` (and `is None/True/False`, `not <expr>`) is checked twice over: the judge sends back the
+value of `<expr>` and `passed` compares it here with the literal, which never enters the sandbox, on
+canonical spellings (`rlvr.grading.values`): nothing the program returns is built into a Python value in
+the trainer, so its cost here is bounded whatever it is.
 """
 
 from __future__ import annotations
 
 import ast
-import dataclasses
-import json
 import re
-from functools import lru_cache
 
+from rlvr.grading.code_tests import FALSY, CodeTests, CodeTestsError, Is, parse_tests
+from rlvr.grading.values import canonical_text, comparable
 from rlvr.sandbox import run_programs
-from rlvr.sandbox.harness import decode
-from rlvr.sandbox.records import Check, Job, SandboxLimits
+from rlvr.sandbox.records import Job, SandboxLimits
 
 _FENCE = re.compile(r"^[ \t]*```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)^[ \t]*```", re.M | re.S)
 _MAX_PROGRAM_CHARS = 20_000
-_MAX_VALUE_CHARS = 1_000_000
-_FALSY = object()  # expected: any falsy value (`assert not f(x)`)
+# the canonical spellings of every falsy plain value: 0 (False, 0.0, -0.0, 0j), '', b'', [], (), set(), {}, None
+_FALSY_SPELLINGS = frozenset({"0", "''", "b''", "[]", "()", "set()", "{}", "None"})
 
-
-@dataclasses.dataclass(frozen=True)
-class _Is:
-    """Expected: this very singleton (`assert f(x) is None`), not merely an equal value (1 == True)."""
-
-    value: object
-
-
-class CodeTestsError(ValueError):
-    """A ground truth that is not a code test specification."""
+__all__ = ["CodeTests", "CodeTestsError", "extract_code", "grade_programs", "parse_tests", "passed"]
 
 
 def extract_code(response: str, think: bool = False) -> tuple[float, str | None]:
@@ -69,104 +58,21 @@ def extract_code(response: str, think: bool = False) -> tuple[float, str | None]
     return float(parses and (closed or not think)), program
 
 
-@dataclasses.dataclass(frozen=True)
-class CodeTests:
-    """A ground truth read for the sandbox: the checks it runs and what each must equal (kept outside)."""
-
-    checks: tuple[Check, ...]
-    expected: tuple  # per check: a literal, _FALSY, _Is(singleton), or True for kind "true"
-    entry_point: str | None = None
-
-
-def _literal(node: ast.AST):
-    """(True, value) when `node` is a Python literal (numbers, strings, containers, None, -1), else (False, None)."""
-    try:
-        return True, ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False, None
-
-
-def _assert_check(test: ast.expr, setup: str) -> tuple[Check, object]:
-    if isinstance(test, ast.Compare) and len(test.ops) == 1:
-        op, left, right = test.ops[0], test.left, test.comparators[0]
-        if isinstance(op, ast.Eq):
-            is_lit, value = _literal(right)
-            if not is_lit:
-                is_lit, value = _literal(left)
-                left = right
-            if is_lit:
-                return Check(ast.unparse(left), "value", setup), value
-        if isinstance(op, ast.Is) and isinstance(right, ast.Constant) and right.value in (None, True, False):
-            return Check(ast.unparse(left), "value", setup), _Is(right.value)
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return Check(ast.unparse(test.operand), "value", setup), _FALSY
-    return Check(ast.unparse(test), "true", setup), True
-
-
-@lru_cache(maxsize=4096)
-def parse_tests(ground_truth: str) -> CodeTests:
-    """The checks of a code ground truth (see the module docstring for how each test is read).
-
-    >>> t = parse_tests('{"entry_point": "f", "tests": ["assert f(2) == 4", "assert not f(0)"]}')
-    >>> [(c.expr, c.kind) for c in t.checks], t.expected[0]
-    ([('f(2)', 'value'), ('f(0)', 'value')], 4)
-    """
-    try:
-        spec = json.loads(ground_truth)
-    except (ValueError, TypeError):
-        raise CodeTestsError(f"not a code test specification (JSON with 'tests'): {str(ground_truth)[:80]!r}") from None
-    if not isinstance(spec, dict) or not isinstance(spec.get("tests"), list) or not spec["tests"]:
-        raise CodeTestsError(f"a code ground truth needs a non-empty 'tests' list: {str(ground_truth)[:80]!r}")
-    entry = spec.get("entry_point")
-    checks, expected = [], []
-    for source in spec["tests"]:
-        try:
-            body = ast.parse(str(source)).body
-        except SyntaxError as err:
-            raise CodeTestsError(f"a test is not valid Python ({err.msg}): {str(source)[:80]!r}") from None
-        setup: list[str] = []
-        for node in body:
-            if isinstance(node, ast.Assert):
-                check, value = _assert_check(node.test, "\n".join(setup))
-                checks.append(check)
-                expected.append(value)
-                setup = []
-                continue
-            setup.append(ast.unparse(node))
-            name = getattr(node, "name", "")
-            is_def = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            if is_def and (name.startswith("test") or (name == "check" and entry)):
-                call = f"{name}()" if name != "check" else f"check({entry})"
-                checks.append(Check(call, "value", "\n".join(setup)))
-                expected.append(None)  # a test function returns None when its asserts hold
-                setup = []
-    if not checks:
-        raise CodeTestsError(f"no assert statement or test function in the tests: {str(ground_truth)[:80]!r}")
-    return CodeTests(tuple(checks), tuple(expected), entry)
-
-
 def passed(tests: CodeTests, values: list[str | None]) -> list[bool]:
-    """Which checks passed, comparing each returned value (a repr) with its expected literal here."""
+    """Which checks passed: the judge's verdict for kinds "true" and "run", and for "value" the value's text
+    (encode's) compared here with the expected literal, on canonical spellings, never decoded."""
     out = []
-    for check, want, got in zip(tests.checks, tests.expected, values):
-        if got is None or len(got) > _MAX_VALUE_CHARS:
+    for check, want, spelling, got in zip(tests.checks, tests.expected, tests.spellings, values):
+        if not isinstance(got, str):
             out.append(False)
-            continue
-        if check.kind == "true":
+        elif check.kind != "value":
             out.append(got == "True")
-            continue
-        try:
-            value = decode(got)
-        except Exception:  # DecodeError, whatever the text
-            out.append(False)
-            continue
-        try:  # both sides are plain built-in values here, so == is Python's own (True == 1, 2.0 == 2)
-            if isinstance(want, _Is):
-                out.append(value is want.value)
-            else:
-                out.append(not value if want is _FALSY else bool(value == want))
-        except Exception:
-            out.append(False)
+        elif isinstance(want, Is):  # that very singleton: `True`, not 1
+            out.append(got == repr(want.value))
+        elif want is FALSY:
+            out.append(len(got) <= 16 and canonical_text(got) in _FALSY_SPELLINGS)
+        else:
+            out.append(spelling is not None and comparable(got, spelling) and canonical_text(got) == spelling)
     return out
 
 

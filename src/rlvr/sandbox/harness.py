@@ -288,7 +288,8 @@ def _write_back(args, index, text):
 
 class Remote:
     """A program object in the judge: calls, attributes, items, len, iteration and str go to the program and
-    come back as values; its truth value and equality are never the program's to decide (identity only)."""
+    come back as values; its truth value, equality and hash are never the program's to decide (identity
+    only), and membership (`x in obj`) is decided here on the values its iteration gives."""
 
     __slots__ = ("_judge", "_id", "_type")
 
@@ -327,7 +328,8 @@ class Remote:
         return iter(items)
 
     def __contains__(self, item):
-        return self._judge.ask("contains", self._id, item=self._judge.argument(item)) is True
+        # decided here by Python's own rule (identity or ==) on the values the program's iteration gives
+        return any(x is item or x == item for x in self)
 
     def __str__(self):
         text = self._judge.ask("str", self._id)
@@ -356,11 +358,22 @@ def _exact(value, kind):
     return value
 
 
+def _reserved(name: str, module: str) -> bool:
+    """Names no program object is bound under, whatever the program defines: a builtin's (`len`, `abs`), a
+    standard module's (`math`: tests that rely on the solution's `import math` get the real one), the program
+    module's own, and dunder names (the judge's `__rlvr_bind__`, `__builtins__`)."""
+    return (hasattr(builtins, name) or name in sys.stdlib_module_names or name == module or name.startswith("__")
+            or not name.isidentifier() or keyword.iskeyword(name))
+
+
 def _bind_names(judge: Judge, names, module: str) -> dict:
-    """The test namespace: the program's top-level names (its functions and objects as Remotes, its values
-    as values, a module it imported as the judge's own import of that module), never a builtin's name."""
+    """The test namespace: the program's top-level names but reserved ones (its functions and objects as
+    Remotes, its values as values, a module it imported under another name as the judge's own import of it),
+    the program's module (`import solution`, `from solution import *`) holding the same names, and
+    `__rlvr_bind__`, which the test file calls first (rlvr.grading.code_tests writes that call)."""
     namespace = {"__builtins__": builtins, "__name__": "__main__"}
     solution = types.ModuleType(module)
+    program = {}  # every top-level name of the program, reserved or not, as the judge holds it
     for entry in names[:MAX_NAMES] if isinstance(names, list) else []:
         if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)):
             continue
@@ -380,15 +393,39 @@ def _bind_names(judge: Judge, names, module: str) -> dict:
                 value = judge.value(entry)
             except (ProgramGone, Exception):
                 continue
-        setattr(solution, name, value)
-        if not hasattr(builtins, name):  # `len` or `isinstance` of the program's would decide checks
+        program[name] = value
+        if not _reserved(name, module):
+            setattr(solution, name, value)
             namespace[name] = value
     sys.modules[module] = solution
+    namespace[module] = solution
+
+    def bind(entry_point=None, modules=(), test_names=()):
+        for name in test_names:  # the file binds these itself: never the program's, even before it does
+            if name != module:
+                namespace.pop(name, None)
+        for name in modules:  # standard modules the file uses without importing them
+            if name in sys.stdlib_module_names and name not in _NO_IMPORT:
+                try:
+                    namespace[name] = __import__(name)
+                except BaseException:
+                    pass
+        if entry_point is not None:  # the task's function is the program's, whatever its name (`max`)
+            if entry_point not in program:
+                raise NameError(f"the program defines no {entry_point}")
+            namespace[entry_point] = program[entry_point]
+            setattr(solution, entry_point, program[entry_point])
+
+    namespace["__rlvr_bind__"] = bind
     return namespace
 
 
 def judge_main(job: dict, results: Pipe, judge: Judge) -> bool:
-    """Load the program, bind its names, run every check; True when the checks ran."""
+    """Load the program, bind its names, run every check in order; True when the checks ran.
+
+    As a script runs: a check's setup (the statements before it) that raises stops the file, and that check
+    and every later one fail; a failing check does not stop the ones after it. Kind "value" sends its
+    expression's value, "true" its truth value; "run" executes statements and passes when they complete."""
     write = results.send
     write({"ready": True})
     if not judge.pipe.send({"program": job["program"], "module": job["module"], "limits": job["limits"]}):
@@ -408,16 +445,27 @@ def judge_main(job: dict, results: Pipe, judge: Judge) -> bool:
         return False
     write({"load": "ok"})
     namespace = _bind_names(judge, loaded.get("names"), job["module"])
+    stopped = None  # the exception that stopped the file
     for i, check in enumerate(job["checks"]):
-        try:
-            if check.get("setup"):
+        if stopped is None and check.get("setup"):
+            try:
                 exec(compile(check["setup"], f"test_{i}.py", "exec"), namespace)
-            value = eval(compile(check["expr"], f"test_{i}.py", "eval"), namespace)
-            if check["kind"] == "value":
-                text = encode(value)
-                record = {"check": i, "value": text} if text is not None else {"check": i, "error": "unserializable"}
-            else:  # "true": the assert's own rule, truthiness, on a value of the judge's
-                record = {"check": i, "value": "True" if value else "False"}
+            except BaseException as err:  # ProgramGone too
+                stopped = type(err).__name__
+        if stopped is not None:
+            write({"check": i, "error": stopped})
+            continue
+        try:
+            if check["kind"] == "run":
+                exec(compile(check["expr"], f"test_{i}.py", "exec"), namespace)
+                record = {"check": i, "value": "True"}
+            else:
+                value = eval(compile(check["expr"], f"test_{i}.py", "eval"), namespace)
+                if check["kind"] == "value":
+                    text = encode(value)
+                    record = {"check": i, "value": text} if text is not None else {"check": i, "error": "unserializable"}
+                else:  # "true": the assert's own rule, truthiness, on a value of the judge's
+                    record = {"check": i, "value": "True" if value else "False"}
         except BaseException as err:  # ProgramGone too: this check and every later one fail
             record = {"check": i, "error": type(err).__name__}
         write(record)
@@ -504,8 +552,6 @@ def _serve(request: dict, objects: list) -> dict:
         simple = {"len": len, "str": str, "int": int, "float": float}
         if op in simple:
             return _reply(simple[op](target), objects)
-        if op == "contains":
-            return _reply(arg(request["item"]) in target, objects)
         return {"e": "TypeError", "m": f"unknown request {op!r}"}
     except BaseException as err:
         return {"e": type(err).__name__, "mro": [c.__name__ for c in type(err).__mro__[1:]],

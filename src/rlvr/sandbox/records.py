@@ -33,9 +33,10 @@ class SandboxLimits:
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-    """One test, as the judge runs it: `expr` is evaluated in the test namespace (the program's names bound as
-    handles) after `setup` runs there. kind "value": the value is sent back (compared by the caller, outside);
-    kind "true": its truth value is."""
+    """One test, as the judge runs it, in order with the others in one namespace (the program's names bound as
+    handles): `setup` runs first (statements; one that raises stops the file: this check and every later one
+    fail), then `expr`. kind "value": the expression's value is sent back (compared by the caller, outside);
+    "true": its truth value is; "run": `expr` is statements, passing when they complete."""
 
     expr: str
     kind: str = "value"

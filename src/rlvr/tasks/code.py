@@ -25,6 +25,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
+from rlvr.grading.code_tests import CodeTestsError, parse_tests
 from rlvr.tasks.code_families import EMPTY, FAMILIES, FRAMES, PAIRS, PARAMS, Family, draw
 from rlvr.tasks.records import SPLITS, DataError, Example, dataset_options, jsonl_rows
 
@@ -183,6 +184,10 @@ def _read_tests(raw, entry_point: str | None, where: str, entry_point_field: str
         except SyntaxError as err:
             raise DataError(f"{where} item {i}: not valid Python ({err.msg}, line {err.lineno})") from None
         tests.append(item)
+    try:  # how the judge will run them: a test file whose checks cannot run is refused now, with the reason
+        parse_tests(code_answer(tests, entry_point))
+    except CodeTestsError as err:
+        raise DataError(f"{where}: {err}") from None
     return tests
 
 
