@@ -258,7 +258,8 @@ def test_the_sandbox_from_inside_has_no_privileges_no_network_and_no_host_files(
 
     seen, (uid, top, work) = decode(result.values[0]), decode(result.values[1])
     assert seen == {"capabilities": 0, "no_new_privs": 1, "seccomp": 2, "new_user_namespace": False,
-                    "writable_root": False, "interfaces": ["lo"], "home": False}
+                    "writable_root": False, "interfaces": ["lo"], "home": False, "memory_outside_limits": [],
+                    "ptys": False}
     assert uid != 0 and work == []
     assert set(top) <= {"usr", "lib", "lib64", "lib32", "root", "opt", "rlvr", "proc", "dev", "work", "bin"}
     assert "home" not in top and "tmp" not in top and "etc" not in top and "var" not in top and "run" not in top

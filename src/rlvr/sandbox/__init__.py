@@ -9,7 +9,7 @@ written by an attacker who wants a passing verdict, or to harm the machine, the 
 `bwrap` (the default; `rlvr.sandbox.launch` lists exactly what bubblewrap is told, and why bubblewrap):
   Protected: the host's files (a read-only root of the Python runtime only: no home, project, venv, data
   set with its hidden tests, cache, run directory, /tmp, /run, /dev/shm), the network (an empty network
-  namespace) and host sockets (no AF_UNIX), other processes (a PID namespace; no ptrace), the kernel's
+  namespace, and no socket of any family), other processes (a PID namespace; no ptrace), the kernel's
   riskiest interfaces (seccomp), the run (the program cannot outlive its sandbox, the trainer never parses
   anything the program wrote) and the verdict (the tests run in the judge, a separate process, PID 1 of the
   sandbox, that calls the program's functions through a pipe: `rlvr.sandbox.harness`). No capabilities in
@@ -28,11 +28,25 @@ Where bubblewrap cannot set up the isolation (not installed, user namespaces dis
 the rights to make namespaces), `configure` and the first grading raise SandboxUnavailable naming what is
 missing and how to get it: grading never silently falls back.
 
-Budgets: each sandbox may use `processes` processes of `memory_mb` address space each, `cpu_seconds` of CPU,
-a `2 x file_mb` tmpfs, `output_kb` of output and `timeout` seconds of wall time; at most `workers` sandboxes run
-at once in the process, however many threads grade (default 2 per CPU this process may use: its affinity and
-cgroup quota). So the pool as a whole holds at
-most workers x processes x memory_mb of address space plus workers x 2 x file_mb of tmpfs (`budget()`).
+Budgets: each sandbox may hold `processes` processes of `memory_mb` address space each (the judge 256 MB more),
+a `2 x file_mb` tmpfs holding at most one file per KB of its size, `output_kb` of output, and `cpu_seconds` of
+CPU time counted over all its processes together (a child that setsid()s too): past that budget the verdict is
+`timeout`, whatever runs beside it; the wall clock (`timeout`) only stops a program that waits. At most
+`workers` sandboxes run at once in the process, however many threads grade (default 2 per CPU this process may
+use: its affinity and cgroup quota). So the pool as a whole holds at most workers x (processes x memory_mb +
+256 MB + 2 x file_mb) (`budget()`). Memory that no address space counts is refused everywhere by the seccomp
+filter (SysV shared memory, message queues and semaphores, POSIX message queues, memfd, sockets, POSIX timers,
+pipes past 64 KB; and setsid(), so that a sandbox stays one session), and then:
+* where rlvr may make cgroups (root, with the v1 memory, pids, cpu and cpuacct controllers, or cgroup v2), each
+  sandbox runs in its own (`rlvr.sandbox.cgroups`): a memory limit of its budget that counts shared memory,
+  tmpfs, pipes and kernel memory too, pids.max, one CPU share, and the group's CPU clock;
+* elsewhere: RLIMIT_AS per process; processes by RLIMIT_NPROC of the sandbox's own uid (root) or user
+  namespace; one CPU share as one session (autogroup, where the kernel has it on); the CPU clock summed from
+  /proc over the judge and its descendants.
+`bounds()` says which holds; `configure` logs it once per run. Sandbox uids are unique on the machine (lock
+files, `rlvr.sandbox.processes`), so two rlvr processes never share one. On a timeout the judge is killed by
+its pidfd and reaped by bubblewrap; a uid returns to the pool only once its processes are gone
+(`rlvr.sandbox.running`). Every entry that runs a program (`run_program` too) checks the isolation first.
 
 May import: nothing else of rlvr (it sits beside rlvr.core, below everything that grades).
 """
@@ -40,20 +54,25 @@ May import: nothing else of rlvr (it sits beside rlvr.core, below everything tha
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
-import subprocess
-import tempfile
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
-from rlvr.sandbox import launch
+from rlvr.sandbox import cgroups, launch, running
 from rlvr.sandbox.launch import Unavailable as SandboxUnavailable
-from rlvr.sandbox.processes import cleanup, data_fd, drain, killpg, read_results, take_uid, user_processes
-from rlvr.sandbox.records import ISOLATIONS, RESULT_CAP, STATUSES, STDERR_CAP, Check, Job, ProgramResult, SandboxLimits
+from rlvr.sandbox.processes import read_results
+from rlvr.sandbox.records import (
+    ISOLATIONS,
+    JUDGE_EXTRA_MB,
+    STATUSES,
+    Check,
+    Job,
+    ProgramResult,
+    SandboxLimits,
+    sandbox_memory_mb,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +106,7 @@ def configure(isolation: str = "bwrap", workers: int | None = None, limits: Sand
         log.warning("code sandbox: isolation=limits_only, as asked. Programs run with resource limits and a "
                     "timeout only: they can read and write what this user can, reach the network and forge "
                     "verdicts. Every grading metric logs grading/code_limits_only.")
-    log.info("code sandbox: %s; %s", isolation, budget())
+    log.info("code sandbox: %s; %s; bounded by %s", isolation, budget(), bounds())
     return _settings
 
 
@@ -144,8 +163,14 @@ def default_workers() -> int:
 def budget() -> str:
     limits, workers = _settings.limits, default_workers()
     return (f"at most {workers} sandboxes at once, each {limits.processes} processes x {limits.memory_mb} MB of "
-            f"address space and a {2 * limits.file_mb} MB tmpfs (pool total <= "
-            f"{workers * (limits.processes * limits.memory_mb + 2 * limits.file_mb) / 1024:.1f} GB)")
+            f"address space (the judge {JUDGE_EXTRA_MB} MB more) and a {2 * limits.file_mb} MB tmpfs (pool total "
+            f"<= {workers * sandbox_memory_mb(limits) / 1024:.1f} GB), {limits.cpu_seconds:g} s of CPU each (all "
+            f"its processes together; a wall-clock cap of {limits.timeout:g} s)")
+
+
+def bounds() -> str:
+    """What bounds a sandbox's memory, processes and CPU on this machine (cgroups, or the fallback)."""
+    return cgroups.bounds()
 
 
 @lru_cache(maxsize=None)
@@ -157,7 +182,7 @@ def _probe(bwrap: str | None, root: bool) -> str | None:
         launch.seccomp_filter()
     except SandboxUnavailable as err:
         return str(err)
-    result = run_program(Job(_PROBE, (Check("observe()"),)), SandboxLimits(timeout=20), mode="bwrap")
+    result = running.run(Job(_PROBE, (Check("observe()"),)), SandboxLimits(timeout=20), "bwrap")
     if result.status != "ok" or result.values[0] is None:
         return launch.diagnose(result.stderr or result.error, root)
     from rlvr.sandbox.harness import decode
@@ -182,12 +207,24 @@ def observe():
     except OSError:
         writable_root = False
     interfaces = sorted(line.split(":")[0].strip() for line in open("/proc/net/dev").read().splitlines()[2:])
+    calls = {"shmget": lambda: libc.shmget(0, 4096, 0o1600), "msgget": lambda: libc.msgget(0, 0o1600),
+             "semget": lambda: libc.semget(0, 1, 0o1600), "memfd_create": lambda: os.memfd_create("probe"),
+             "mq_open": lambda: libc.mq_open(b"/probe", 0o102, 0o600, None), "setsid": os.setsid,
+             "socket": lambda: __import__("socket").socket()}
+    allowed = []
+    for name, call in calls.items():
+        try:
+            allowed += [name] if call() != -1 else []
+        except (OSError, AttributeError):
+            pass
     return {"capabilities": sum(caps.values()), "no_new_privs": int(status["NoNewPrivs"]),
             "seccomp": int(status["Seccomp"]), "new_user_namespace": userns, "writable_root": writable_root,
-            "interfaces": interfaces, "home": os.path.exists("/home") or os.path.exists("/tmp")}
+            "interfaces": interfaces, "home": os.path.exists("/home") or os.path.exists("/tmp"),
+            "memory_outside_limits": allowed, "ptys": os.path.exists("/dev/ptmx") or os.path.exists("/dev/pts")}
 """
 _PROBE_WANTS = {"capabilities": 0, "no_new_privs": 1, "seccomp": 2, "new_user_namespace": False,
-                "writable_root": False, "interfaces": ["lo"], "home": False}
+                "writable_root": False, "interfaces": ["lo"], "home": False, "memory_outside_limits": [],
+                "ptys": False}
 
 
 def require() -> None:
@@ -203,91 +240,15 @@ def require() -> None:
 # One program.
 
 
-@lru_cache(maxsize=1)
-def _harness_source() -> bytes:
-    return launch.HARNESS.read_bytes()
-
-
 def run_program(job: Job, limits: SandboxLimits | None = None, mode: str | None = None) -> ProgramResult:
-    """Run one program and its checks in a fresh sandbox; never raises for anything the program does."""
-    limits = limits or _settings.limits
+    """Run one program and its checks in a fresh sandbox; never raises for anything the program does. Raises
+    SandboxUnavailable, before running anything, where `bwrap` cannot isolate programs here (probed once)."""
     mode = mode or _settings.isolation
-    start = time.perf_counter()
-    root = os.geteuid() == 0
-    uid = take_uid() if root and mode == "bwrap" else None
-    payload = {"program": job.program, "module": job.module, "deadline": limits.timeout,
-               "checks": [dataclasses.asdict(c) for c in job.checks],
-               "limits": {"cpu_seconds": int(max(1, limits.cpu_seconds)), "memory_mb": int(limits.memory_mb),
-                          "file_mb": int(limits.file_mb), "processes": int(limits.processes)}}
-    read_fd, write_fd = os.pipe()
-    passed = [write_fd]
-    work = None
+    if mode not in ISOLATIONS:
+        raise ValueError(f"sandbox isolation must be one of {', '.join(ISOLATIONS)}; got {mode!r}")
     if mode == "bwrap":
-        seccomp_fd, harness_fd = data_fd(launch.seccomp_filter()), data_fd(_harness_source())
-        passed += [seccomp_fd, harness_fd]
-        argv = launch.bwrap_argv(root, 2 * int(limits.file_mb), seccomp_fd, harness_fd)
-        argv += [*launch.python_flags(), launch.INSIDE, str(write_fd), "bwrap", str(uid) if uid is not None else "-"]
-        env, cwd = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, "/"
-    else:
-        work = tempfile.mkdtemp(prefix="rlvr-sandbox-")
-        if not root:  # RLIMIT_NPROC counts every process of this user, not only the sandbox's
-            payload["limits"]["processes"] += user_processes()
-        binary, _ = launch.interpreter()
-        argv = [binary, *launch.python_flags(), str(launch.HARNESS), str(write_fd), "limits", "-"]
-        env = {"PATH": "/usr/bin:/bin", "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
-        cwd = work
-    results: list[bytes] = []
-    stderr: list[bytes] = []
-    stdout: list[bytes] = []
-    killed = None
-    output_budget = [limits.output_kb * 1024]
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                pass_fds=passed, env=env, cwd=cwd, start_new_session=True)
-    except OSError as err:
-        for fd in [read_fd, *passed]:
-            os.close(fd)
-        cleanup(work, uid)
-        return ProgramResult("crashed", [None] * len(job.checks), [None] * len(job.checks),
-                             time.perf_counter() - start, error=f"could not start: {err}")
-    for fd in passed:
-        os.close(fd)
-    flood = threading.Event()
-
-    def _kill():
-        flood.set()
-        killpg(proc.pid)
-
-    readers = [threading.Thread(target=drain, args=(os.fdopen(read_fd, "rb"), RESULT_CAP, results), daemon=True),
-               threading.Thread(target=drain, args=(proc.stderr, STDERR_CAP, stderr, output_budget, _kill),
-                                daemon=True),
-               threading.Thread(target=drain, args=(proc.stdout, 0, stdout, output_budget, _kill), daemon=True)]
-    for reader in readers:
-        reader.start()
-    try:
-        proc.stdin.write(json.dumps(payload).encode("utf-8"))
-        proc.stdin.close()
-    except OSError:  # the sandbox died before reading its job; its status says why
-        pass
-    deadline = time.monotonic() + limits.timeout
-    try:  # the result pipe closes when the sandbox ends: wait on that (no polling), then for the process
-        readers[0].join(timeout=limits.timeout)
-        if readers[0].is_alive():
-            killed = "timeout"
-        else:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        killed = "timeout"
-    finally:
-        killpg(proc.pid)  # bubblewrap itself: the sandbox's PID 1 dies with it, and everything in it
-        proc.wait()
-        for reader in readers:
-            reader.join(timeout=2)
-        cleanup(work, uid)
-    if flood.is_set():
-        killed = "output_limit"
-    return read_results(b"".join(results), b"".join(stderr), proc.returncode, killed, len(job.checks),
-                        time.perf_counter() - start)
+        require()
+    return running.run(job, limits or _settings.limits, mode)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -345,4 +306,4 @@ def run_programs(jobs: list[Job], limits: SandboxLimits | None = None, workers: 
 
 __all__ = ["STATUSES", "ISOLATIONS", "SandboxLimits", "Check", "Job", "ProgramResult", "SandboxSettings",
            "SandboxUnavailable", "configure", "settings", "isolation", "require", "available_cpus",
-           "default_workers", "budget", "run_program", "run_programs", "read_results", "sandbox_stats"]
+           "default_workers", "budget", "bounds", "run_program", "run_programs", "read_results", "sandbox_stats"]

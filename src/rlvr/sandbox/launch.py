@@ -9,9 +9,11 @@ descriptor, and has no daemon; nsjail needs a build, gVisor's runsc a container 
   the kernel kills every process the program left; `--die-with-parent` and `--new-session`.
 * a root of its own: an empty tmpfs holding only, read-only, the Python runtime (its prefix and the shared
   libraries under /usr/lib, /lib, /lib64), the harness file, a new /proc (bubblewrap keeps /proc/sys read-only)
-  and a read-only /dev with null, zero, full, random, urandom; then `/` itself is remounted read-only. The one
-  writable place is a fresh tmpfs `/work` of 2 x `file_mb`. No /home, /root, /tmp, /run, /var, /etc, no
-  /dev/shm of the host, no project, venv, data set, cache or run directory.
+  and a /dev of null, zero, full, random, urandom (no pseudo-terminals, no /dev/shm); then `/` itself is
+  remounted read-only. The one writable place is a fresh tmpfs `/work` of 2 x `file_mb`. No /home, /root, /tmp,
+  /run, /var, /etc, no project, venv, data set, cache or run directory.
+* its judge's pid reported (`--info-fd`) and the judge held (`--block-fd`) until rlvr has put it in the
+  sandbox's cgroup and holds a pidfd on it (`rlvr.sandbox.running`).
 * no capabilities: for an ordinary user bubblewrap drops them all; for root it keeps only CAP_SETUID,
   CAP_SETGID and CAP_SETPCAP for the harness's first act, which empties the bounding set and switches to an
   unprivileged uid of the sandbox's own (one per sandbox running: process limits and signals stay per
@@ -19,8 +21,9 @@ descriptor, and has no daemon; nsjail needs a build, gVisor's runsc a container 
   map its uid to host root, whom the kernel exempts from the process limit (a fork bomb), and the uid of
   our own is what a user namespace would have bought. no_new_privs in both cases.
 * the seccomp filter below (`seccomp_filter`): no mount, no namespaces, no tracing, no keyrings, no BPF,
-  no perf events, no io_uring, no kernel modules, sockets only of the internet families (in a network
-  namespace with a downed loopback).
+  no perf events, no io_uring, no kernel modules, no sockets; and nothing that holds memory no process's
+  address space counts: no SysV shared memory, message queues or semaphores, no POSIX message queues, no memfd,
+  no POSIX timers, no pipe grown past 64 KB. No setsid(): a sandbox stays one session, one scheduler group.
 
 `probe` starts one real sandbox and reads, from inside, its capabilities, no_new_privs, seccomp mode, uid,
 network interfaces and whether a user namespace can still be made; `rlvr.sandbox` refuses to grade unless
@@ -44,11 +47,18 @@ DENIED = ("mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree",
           "pidfd_getfd", "kcmp", "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd",
           "io_uring_setup", "io_uring_enter", "io_uring_register", "kexec_load", "kexec_file_load", "init_module",
           "finit_module", "delete_module", "reboot", "swapon", "swapoff", "acct", "syslog", "quotactl",
-          "open_by_handle_at", "name_to_handle_at", "personality", "lookup_dcookie", "vhangup")
+          "open_by_handle_at", "name_to_handle_at", "personality", "lookup_dcookie", "vhangup",
+          # memory that no process's address space counts (RLIMIT_AS): SysV shared memory, message queues and
+          # semaphores, POSIX message queues, memfd files, POSIX timers (kernel objects, one a call)
+          "shmget", "shmat", "shmdt", "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop",
+          "semtimedop", "semctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify",
+          "mq_getsetattr", "memfd_create", "memfd_secret", "timer_create",
+          # a new session is a new scheduler group (autogroup): a sandbox stays one, however many processes
+          "setsid")
+F_SETPIPE_SZ = 1031  # pipes keep their 64 KB: larger ones are memory outside every rlimit
 # clone() flags that make namespaces: CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET (NEWTIME
 # needs clone3 or unshare, both refused)
 NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
-INTERNET = (2, 10)  # AF_INET, AF_INET6: the only socket families allowed (AF_UNIX 1, AF_NETLINK 16, AF_VSOCK 40 ...)
 TIOCSTI = 0x5412
 
 
@@ -74,12 +84,12 @@ def seccomp_filter() -> bytes:
     for flag in NAMESPACE_FLAGS:  # clone() with any of them: libseccomp takes one masked compare a rule
         rules.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
     rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")  # its flags sit behind a pointer: glibc falls back to clone
-    for family in [f for f in range(0, 11) if f not in INTERNET]:
-        rules.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socket", seccomp.Arg(0, seccomp.EQ, family))
-        rules.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socketpair", seccomp.Arg(0, seccomp.EQ, family))
-    rules.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socket", seccomp.Arg(0, seccomp.GT, 10))
-    rules.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socketpair", seccomp.Arg(0, seccomp.GT, 10))
+    # no socket of any family: unix ones reach the host, and the buffers of internet ones on the loopback are
+    # memory outside every rlimit (tests need no network; the namespace has none anyway)
+    rules.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socket")
+    rules.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socketpair")
     rules.add_rule(deny, "ioctl", seccomp.Arg(1, seccomp.MASKED_EQ, 0xFFFFFFFF, TIOCSTI))
+    rules.add_rule(deny, "fcntl", seccomp.Arg(1, seccomp.EQ, F_SETPIPE_SZ))
     fd = os.memfd_create("rlvr-seccomp")
     try:
         with os.fdopen(os.dup(fd), "wb") as out:
@@ -115,11 +125,12 @@ def _system_dirs() -> list[tuple[str, str]]:
     return out
 
 
-def bwrap_argv(root: bool, work_mb: int, seccomp_fd: int, harness_fd: int) -> list[str]:
+def bwrap_argv(root: bool, work_mb: int, seccomp_fd: int, harness_fd: int, info_fd: int, block_fd: int) -> list[str]:
     """bubblewrap's command line for one sandbox, up to the interpreter it starts (the caller adds the harness's
-    flags and arguments). bubblewrap reads the seccomp filter and the harness from the two fds."""
+    flags and arguments). bubblewrap reads the seccomp filter and the harness from two fds, writes the judge's
+    pid to `info_fd` and holds the judge, set up but before its first instruction, until `block_fd` is written."""
     binary, prefixes = interpreter()
-    argv = [bwrap_path() or "bwrap"]
+    argv = [bwrap_path() or "bwrap", "--info-fd", str(info_fd), "--block-fd", str(block_fd)]
     if root:
         argv += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                  "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
@@ -155,10 +166,22 @@ def bwrap_argv(root: bool, work_mb: int, seccomp_fd: int, harness_fd: int) -> li
             covered.append(path)
     if not any(binary.startswith(c + "/") for c in covered):
         argv += [*parents(binary), "--ro-bind", binary, binary]
-    argv += [*parents(INSIDE), "--ro-bind-data", str(harness_fd), INSIDE, "--proc", "/proc", "--dev", "/dev",
+    argv += [*parents(INSIDE), "--ro-bind-data", str(harness_fd), INSIDE, "--proc", "/proc", *_devices(),
              "--perms", "1777", "--size", str(work_mb << 20), "--tmpfs", "/work",
-             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/work", "--seccomp", str(seccomp_fd), binary]
+             "--remount-ro", "/", "--chdir", "/work", "--seccomp", str(seccomp_fd), binary]
     return argv
+
+
+def _devices() -> list[str]:
+    """/dev: the five harmless devices and the fd links, on the read-only root. Not bubblewrap's `--dev`, which
+    also mounts a devpts: pseudo-terminals are kernel memory (and a host-wide count) a program could exhaust."""
+    out = ["--perms", "0755", "--dir", "/dev"]
+    for name in ("null", "zero", "full", "random", "urandom"):
+        out += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        out += ["--symlink", target, f"/dev/{name}"]
+    return out
 
 
 def python_flags() -> list[str]:

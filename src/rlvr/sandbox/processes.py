@@ -1,13 +1,15 @@
-"""The host side of one sandbox's processes: its pipes drained with caps, data handed over as memory fds,
-the unprivileged uids a root host runs sandboxes as, killing a sandbox's process group, and reading the
-judge's records back so that no bytes a program can write ever raise here.
+"""The host side of one sandbox's processes: its pipes drained with caps, data handed over as pipes, the
+unprivileged uids a root host runs sandboxes as (unique on the machine), a process tree's CPU clock, and
+reading the judge's records back so that no bytes a program can write ever raise here.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
+import stat
 import threading
 
 from rlvr.sandbox.records import RESULT_CAP, STDERR_CAP, ProgramResult
@@ -44,40 +46,81 @@ def data_fd(data: bytes) -> int:
     return read_fd
 
 
-def cleanup(work: str | None, uid: int | None):
-    if work is not None:
-        import shutil
-
-        shutil.rmtree(work, ignore_errors=True)
-    if uid is not None:
-        give_uid(uid)
 
 
 # Started as root, each sandbox running at the same time gets a uid of its own (no passwd entry needed):
 # RLIMIT_NPROC counts per uid, so a fork bomb exhausts only its own sandbox, and it owns no file of the host.
+# Uids are unique on the machine, not only in this process: each is held with a lock file (flock) for as long
+# as this process may use it, so two rlvr processes (a sweep's parallel runs, an evaluation beside training,
+# test workers) never hand out the same one; the kernel drops the locks of a process that dies.
 UID_BASE = 2_100_000_000
-
-
+LOCK_DIRS = ("/run/rlvr-sandbox-uids", "/tmp/rlvr-sandbox-uids")
 _free_uids: list[int] = []
-
-
+_held: dict[int, int] = {}  # uid -> the fd of its lock file
 _next_uid = [UID_BASE]
-
-
 _uid_lock = threading.Lock()
+
+
+def _lock_dir() -> str:
+    """A directory only root can write, for the uids' lock files."""
+    for path in LOCK_DIRS:
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and not info.st_mode & 0o022:
+            return path
+    raise OSError(f"no directory for the sandbox uids' lock files (tried {', '.join(LOCK_DIRS)})")
+
+
+def uid_in_use(uid: int) -> bool:
+    """Whether any process on the machine runs as `uid` (a zombie too: RLIMIT_NPROC still counts it)."""
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    return True
+            except OSError:
+                pass
+    return False
 
 
 def take_uid() -> int:
     with _uid_lock:
         if _free_uids:
             return _free_uids.pop()
-        _next_uid[0] += 1
-        return _next_uid[0] - 1
+        where = _lock_dir()
+        while True:
+            uid = _next_uid[0]
+            _next_uid[0] += 1
+            fd = os.open(f"{where}/{uid}", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # another rlvr process holds it
+                os.close(fd)
+                continue
+            if uid_in_use(uid):  # the sandboxes of an rlvr process that died are still being killed
+                os.close(fd)
+                continue
+            _held[uid] = fd
+            return uid
 
 
-def give_uid(uid: int):
+def held_uids() -> list[int]:
+    """The sandbox uids this process holds (in use or free in its pool)."""
     with _uid_lock:
-        _free_uids.append(uid)
+        return sorted(_held)
+
+
+def give_uid(uid: int, clean: bool = True):
+    """Back to the pool once none of its processes is left; `clean=False` (some might be): retire it, and
+    drop its lock so that another process takes it only after checking it is unused."""
+    with _uid_lock:
+        if clean:
+            _free_uids.append(uid)
+        elif uid in _held:
+            os.close(_held.pop(uid))
 
 
 def user_processes() -> int:
@@ -91,6 +134,57 @@ def user_processes() -> int:
             except OSError:
                 pass
     return count
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU time of process `root` and all its descendants, from /proc: live ones and zombies by their own
+    time, reaped ones by their reaper's (cutime, cstime). A sandbox's orphans are reparented to its judge (PID 1
+    of its namespace), so this covers every process it ever had, those that called setsid() too."""
+    children: dict[int, list[int]] = {}
+    times: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                data = f.read()
+            fields = data[data.rindex(b")") + 2:].split()
+            pid, ppid = int(entry.name), int(fields[1])
+            times[pid] = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(pid)
+    total, todo, seen = 0, [root], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += times.get(pid, 0)
+        todo += children.get(pid, [])
+    return total / _TICK
+
+
+def files_in_work(pid: int, work_mb: int) -> int:
+    """Inodes used in the sandbox's tmpfs (`work_mb` in size), seen through its judge's root: each is kernel
+    memory (about 1 KB) that the tmpfs's size does not count, which only a cgroup charges. 0 where that is not
+    the sandbox's tmpfs (no bubblewrap, or not yet mounted)."""
+    info = os.statvfs(f"/proc/{pid}/root/work")
+    if info.f_blocks * info.f_frsize != work_mb << 20:
+        return 0
+    return info.f_files - info.f_ffree
+
+
+def reaped(pidfd: int) -> bool:
+    """Whether the process behind a pidfd has been waited for (its pid released), from its fdinfo."""
+    try:
+        with open(f"/proc/self/fdinfo/{pidfd}") as f:
+            return any(line.split() == ["Pid:", "-1"] for line in f)
+    except OSError:
+        return False
 
 
 def killpg(pgid: int):
@@ -138,10 +232,12 @@ def read_results(raw: bytes, stderr_raw: bytes, returncode: int, killed: str | N
         status = "memory"
     elif load == "error":
         status = "load_error"
+    elif killed == "memory":
+        status, error = "memory", "over the sandbox's memory limit"
     elif killed == "output_limit":
         status, error = "output_limit", "wrote more output than allowed"
-    elif killed == "timeout":
-        status, error = "timeout", "timeout"
+    elif killed in ("timeout", "cpu"):
+        status, error = "timeout", "cpu time limit" if killed == "cpu" else "wall-clock limit"
     elif broken is not None:
         status, error = "crashed", f"the program broke the judge's protocol ({broken}) and was stopped"
     elif exit_record is not None and exit_record.get("signaled") is True and exit_record["exit"] in (

@@ -12,13 +12,20 @@ RESULT_CAP = 4 << 20  # bytes of the judge's records read from one sandbox
 STDERR_CAP = 4096  # bytes of stderr kept (the rest is drained and dropped)
 
 
+WALL_FACTOR = 3  # the wall-clock cap over the CPU budget (`sandbox.timeout` of the config sets both)
+JUDGE_EXTRA_MB = 256  # the judge's address space over memory_mb (room to decode a large value: harness.py)
+
+
 @dataclasses.dataclass(frozen=True)
 class SandboxLimits:
-    """What one program may use. `timeout` is wall-clock seconds for the whole program and its checks;
-    `processes` counts the judge and the program's own process too."""
+    """What one program may use. `cpu_seconds` is CPU time of the whole sandbox (the judge, the program and
+    every process it starts, together): past it the verdict is `timeout`, so what runs beside a program cannot
+    change its verdict. `timeout` is a generous wall-clock cap for a program that waits instead of computing
+    (`WALL_FACTOR` x the CPU budget from the config). `processes` counts the judge and the program's own
+    process too; each may map `memory_mb` (the judge `JUDGE_EXTRA_MB` more)."""
 
-    timeout: float = 5.0
-    cpu_seconds: int = 4
+    timeout: float = 15.0
+    cpu_seconds: float = 5.0
     memory_mb: int = 512
     file_mb: int = 16
     processes: int = 8
@@ -29,6 +36,18 @@ class SandboxLimits:
             value = getattr(self, field.name)
             if not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(f"SandboxLimits.{field.name} must be > 0; got {value!r}")
+
+
+def sandbox_memory_mb(limits: SandboxLimits) -> int:
+    """The memory one sandbox may hold in all: every process at its address-space limit, the judge's extra,
+    and its tmpfs (2 x file_mb). The cgroup limit where cgroups are in force; the budget `rlvr.sandbox` logs."""
+    return int(limits.processes * limits.memory_mb + JUDGE_EXTRA_MB + 2 * limits.file_mb)
+
+
+def work_files(limits: SandboxLimits) -> int:
+    """The most files (inodes) a sandbox's tmpfs may hold where no cgroup charges their kernel memory: one per
+    KB of its size, so that they cost no more than its size again."""
+    return int(2 * limits.file_mb * 1024)
 
 
 @dataclasses.dataclass(frozen=True)

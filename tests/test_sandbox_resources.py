@@ -1,0 +1,265 @@
+"""The sandbox's bounds (issue 58), as root and as uid 65534: memory that no rlimit counts stays within the
+documented budget, one program cannot change the verdict of another graded beside it (in the same grader or
+in a second grader process on the machine), and nothing a sandbox leaves outlives it.
+
+Each scenario of `tests/sandbox_resource_attacks.py` runs in a grader process of its own, started (as root, or
+as uid 65534 with `setpriv`) in a fresh memory cgroup of this test's, whose peak is the host memory the grader
+and all its sandboxes held: what "host memory during an attack" means here, measured by the kernel.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import sandbox_resource_attacks as attacks
+from rlvr.sandbox import cgroups
+from rlvr.sandbox.records import SandboxLimits, sandbox_memory_mb
+
+NOBODY = 65534
+SYSTEM_PYTHON = "/usr/bin/python3"
+ROOT = os.geteuid() == 0
+SRC = Path(cgroups.__file__).parents[2]
+USERS = ["root", "nobody"] if ROOT else ["user"]
+# small sandboxes, so that the budget is small against what the attacks try to hold (2 GB each)
+LIMITS = {"timeout": 6, "cpu_seconds": 1.5, "memory_mb": 96, "file_mb": 8, "processes": 4, "output_kb": 64}
+WORKERS = 4
+GRADER_MB = 200  # the grader process itself (Python and rlvr's sandbox modules) and the page cache it touches
+_names = itertools.count()
+
+
+def _own_memory_cgroup() -> str | None:
+    own = dict(line.split(":", 2)[1:] for line in Path("/proc/self/cgroup").read_text().splitlines())
+    if "memory" in own and os.path.isdir("/sys/fs/cgroup/memory"):
+        return "/sys/fs/cgroup/memory" + own["memory"].rstrip("/")
+    if "" in own and "memory" in Path("/sys/fs/cgroup/cgroup.controllers").read_text().split():
+        return "/sys/fs/cgroup" + own[""].rstrip("/")
+    return None
+
+
+class Measured:
+    """A fresh memory cgroup below this test's own, for one grader process: its peak, and a safety limit so
+    that a broken bound cannot take the machine's memory."""
+
+    def __init__(self, limit_mb: int):
+        base = _own_memory_cgroup()
+        self.path = f"{base}/rlvr-test-{os.getpid()}-{next(_names)}"
+        os.mkdir(self.path)
+        self.v1 = os.path.exists(f"{self.path}/memory.limit_in_bytes")
+        self._write("memory.limit_in_bytes" if self.v1 else "memory.max", str(limit_mb << 20))
+
+    def _write(self, name: str, text: str):
+        with open(f"{self.path}/{name}", "w") as f:
+            f.write(text)
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        return ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', self.path, *argv]
+
+    def peak_mb(self) -> float:
+        name = "memory.max_usage_in_bytes" if self.v1 else "memory.peak"
+        return int(Path(f"{self.path}/{name}").read_text()) / (1 << 20)
+
+    def close(self):
+        for _ in range(500):
+            try:
+                os.rmdir(self.path)
+                return
+            except OSError:
+                time.sleep(0.01)
+
+
+def _skip_reason(user: str) -> str | None:
+    if not ROOT:
+        return "measuring a grader's memory needs a cgroup of its own: root"
+    if _own_memory_cgroup() is None:
+        return "no memory cgroup controller on this machine"
+    if user == "nobody" and (shutil.which("setpriv") is None or not os.path.exists(SYSTEM_PYTHON)):
+        return f"needs setpriv and {SYSTEM_PYTHON} to run a grader as uid {NOBODY}"
+    return None
+
+
+def _pyseccomp_dir(tmp: Path) -> Path:
+    import pyseccomp
+
+    where = tmp / "pyseccomp"
+    where.mkdir(exist_ok=True)
+    shutil.copy(pyseccomp.__file__, where)
+    return where
+
+
+def grader(user: str, scenario: str, settings: dict, tmp: Path, limit_mb: int = 8192, wait: bool = True):
+    """Start `scenario` in a grader process as `user`, in a fresh measured cgroup: (Popen, Measured)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    os.chmod(tmp, 0o777)
+    config = tmp / f"{scenario}-{next(_names)}.json"
+    config.write_text(json.dumps(settings))
+    os.chmod(config, 0o644)
+    python = SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else sys.executable
+    argv = [python, str(Path(attacks.__file__)), scenario, str(config)]
+    if user == "nobody":
+        argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
+    measured = Measured(limit_mb)
+    env = {"PATH": settings.get("path", os.environ.get("PATH", "/usr/bin:/bin")), "HOME": str(tmp),
+           "PYTHONPATH": f"{SRC}:{_pyseccomp_dir(tmp)}", "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.Popen(measured.wrap(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp, env=env)
+    return proc, measured
+
+
+def finish(proc: subprocess.Popen, measured: Measured, timeout: float = 120) -> tuple[dict, float]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, err[-3000:]
+        return json.loads(out.strip().splitlines()[-1]), measured.peak_mb()
+    finally:
+        measured.close()
+
+
+def run(user: str, scenario: str, settings: dict, tmp: Path, limit_mb: int = 8192) -> tuple[dict, float]:
+    return finish(*grader(user, scenario, settings, tmp, limit_mb))
+
+
+@pytest.fixture(params=USERS)
+def user(request):
+    why = _skip_reason(request.param)
+    if why:
+        pytest.skip(why)
+    return request.param
+
+
+@pytest.fixture
+def tmp_path():
+    """A directory uid 65534 can use too (pytest's own are root's alone)."""
+    path = Path(tempfile.mkdtemp(prefix="rlvr-resources-", dir="/tmp"))
+    os.chmod(path, 0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Memory.
+
+
+def test_memory_no_rlimit_counts_stays_within_the_documented_budget(user, tmp_path):
+    budget = WORKERS * sandbox_memory_mb(SandboxLimits(**LIMITS))  # 4 x (4 x 96 + 256 + 16) = 2624 MB
+    limits = {**LIMITS, "cpu_seconds": 3, "timeout": 9}  # time enough to hold 2 GB where nothing stops it
+    report, peak = run(user, "memory", {"limits": limits, "workers": WORKERS}, tmp_path,
+                       limit_mb=budget + GRADER_MB + 1024)
+    held = {name: a["held"] for name, a in report["attacks"].items()}
+    # each attack tried to hold 2 GB; the kernel's count of everything the grader and its sandboxes held
+    assert peak < budget + GRADER_MB, (peak, held)
+    for name, attack in report["attacks"].items():
+        assert attack["held"] is None or int(attack["held"]) < sandbox_memory_mb(SandboxLimits(**LIMITS)), name
+    # the kinds of memory no process's address space counts are refused outright
+    for name in ("sysv_shared_memory", "sysv_shared_memory_2", "sysv_message_queues", "posix_message_queues",
+                 "memfd_files", "loopback_socket_buffers", "posix_timers"):
+        assert report["attacks"][name]["held"] == "0", (name, report["attacks"][name])
+    assert int(report["attacks"]["tmpfs_files"]["held"]) <= 2 * LIMITS["file_mb"]
+    assert report["attacks"]["tmpfs_inodes"]["status"] == "memory"  # past one file per KB of its tmpfs
+    assert int(report["attacks"]["big_pipes_in_children"]["held"]) <= 3 * 64 * 64 // 1024  # 64 KB pipes only
+    expected = "cgroup v1 per sandbox" if user == "root" else "no cgroups"
+    assert report["bounds"].startswith(expected), report["bounds"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Neighbours.
+
+
+def test_a_verdict_does_not_depend_on_what_runs_beside_it(user, tmp_path):
+    """Two grader processes started at once: one grades a fork bomb, two sandboxes of setsid() spinners and
+    one of spinning threads, then honest programs; the other, while those attacks run, honest programs only.
+    Every honest program (about 1 s of CPU, in a child process) must get its right answer, on 2 CPUs shared by
+    8 sandboxes of 8 processes at once and whatever else the machine runs. Before issue 58, as root the second
+    grader's programs lost their process slots to the fork bomb (the same uids); as an ordinary user the
+    spinners' sessions starved them to 2 x the wall time (5.5 s here, under a load of 22, against 2.6 s)."""
+    ready = tmp_path / "ready"
+    ready.mkdir(parents=True)
+    os.chmod(ready, 0o777)
+    common = {"limits": {**LIMITS, "processes": 8, "cpu_seconds": 2, "timeout": 5}, "workers": WORKERS}
+    first = grader(user, "neighbours", {**common, "attack": True, "honest": 2, "ready": str(ready / "a")}, tmp_path)
+    second = grader(user, "neighbours", {**common, "attack": False, "honest": 4, "ready": str(ready / "b"),
+                                         "delay": 0.3}, tmp_path)
+    attacked, quiet = finish(*first)[0], finish(*second)[0]
+    want = str(attacks.honest_answer())
+    for report in (attacked, quiet):
+        honest = {n: r for n, r in report["results"].items() if n.startswith("honest")}
+        assert all(r["status"] == "ok" and r["value"] == want for r in honest.values()), report
+    statuses = {n: r["status"] for n, r in attacked["results"].items() if not n.startswith("honest")}
+    assert set(statuses) == {"fork_bomb", "setsid_spinners", "setsid_spinners_2", "spinning_threads"}
+    assert set(statuses.values()) == {"timeout"}
+
+
+def test_sandbox_uids_are_unique_across_grader_processes(tmp_path):
+    if not ROOT:
+        pytest.skip("sandbox uids are root's (an ordinary user's sandboxes each get a user namespace)")
+    ready = tmp_path / "ready"
+    ready.mkdir(parents=True)
+    procs = [grader("root", "uids", {"n": 6, "ready": str(ready / name)}, tmp_path) for name in "ab"]
+    first, second = (set(finish(*p)[0]["uids"]) for p in procs)
+    assert len(first) == len(second) == 6 and not first & second
+
+
+# ----------------------------------------------------------------------------------------------------
+# Leaks.
+
+
+def test_nothing_a_timed_out_sandbox_left_outlives_it(user, tmp_path):
+    """As a container's PID 1 (a subreaper), the grader times out programs that leave processes behind; the
+    moment grading returns, no process is left below it (no zombie child either) and none runs as a sandbox
+    uid it holds: a uid returns to the pool only with its processes gone."""
+    report, _ = run(user, "leftovers", {"limits": {**LIMITS, "timeout": 3}, "workers": WORKERS}, tmp_path)
+    assert set(report["statuses"].values()) == {"timeout"}, report
+    assert report["below"] == [] and report["sandbox_uid_processes"] == [], report
+    assert len(report["uids"]) == (WORKERS if user == "root" else 0)
+
+
+NOOP_BWRAP = """#!/usr/bin/env python3
+# bubblewrap's interface without its isolation: the fds it is given are honoured, nothing else is
+import json, os, sys, tempfile
+args, i, block, info, keep = sys.argv[1:], 0, None, None, {}
+while i < len(args) and args[i].startswith("--"):
+    name = args[i]
+    takes = {"--info-fd": 1, "--block-fd": 1, "--seccomp": 1, "--ro-bind-data": 2, "--ro-bind": 2, "--bind": 2,
+             "--dev-bind": 2, "--symlink": 2, "--setenv": 2, "--perms": 1, "--size": 1, "--tmpfs": 1, "--dir": 1,
+             "--proc": 1, "--dev": 1, "--remount-ro": 1, "--chdir": 1, "--hostname": 1, "--cap-add": 1,
+             "--cap-drop": 1}.get(name, 0)
+    values = args[i + 1:i + 1 + takes]
+    if name == "--ro-bind-data":
+        fd, path = tempfile.mkstemp(suffix=".py")
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.read(int(values[0]), 1 << 22))
+        keep[values[1]] = path
+    info = int(values[0]) if name == "--info-fd" else info
+    block = int(values[0]) if name == "--block-fd" else block
+    i += 1 + takes
+command = [keep.get(a, a) for a in args[i:]]
+pid = os.fork()
+if pid == 0:
+    os.read(block, 1)
+    os.execv(command[0], command)
+os.write(info, json.dumps({"child-pid": pid}).encode())
+os.close(info)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_every_entry_that_runs_a_program_refuses_a_launcher_that_isolates_nothing(user, tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir(parents=True)
+    (fake / "bwrap").write_text(NOOP_BWRAP)
+    os.chmod(fake, 0o755)
+    os.chmod(fake / "bwrap", 0o755)
+    report, _ = run(user, "refused", {"path": f"{fake}:/usr/bin:/bin"}, tmp_path)
+    for entry, outcome in report.items():
+        assert outcome.startswith("refused: the code sandbox cannot isolate programs on this machine"), (entry, outcome)
+        assert "weaker than required" in outcome and "seccomp=0" in outcome
