@@ -236,13 +236,15 @@ def test_a_file_estimator_travels_to_nodes_that_do_not_have_it(tmp_path, model_d
     import sys
     from pathlib import Path
 
+    from rlvr.core.imports import file_module_name
+
     est = tmp_path / "elsewhere" / "my_rloo.py"
     est.parent.mkdir()
     shutil.copy(Path(__file__).parents[1] / "examples" / "custom_estimator.py", est)
     cfg = _cfg(model_dir, tmp_path / "run", **{"distributed.rollout_workers": 1, "algorithm": f"{est}:RLOO"})
-    env, actor_cfg = placement.shipped(cfg)
-    assert actor_cfg.algorithm == "my_rloo:RLOO" and str(est) in env["py_modules"]
-    payload = actor_cfg.model_dump(mode="json", by_alias=True)
+    env, payload = placement.shipped(cfg)
+    name = file_module_name(est, "algorithm")
+    assert payload["algorithm"] == f"{name}:RLOO" and Path(env["py_modules"][-1]).name == f"{name}.py"
     # runtime_env uploads only at ray.init (job level): a Ray of its own, from another directory
     run = subprocess.run([sys.executable, "-c", _SHIPPED, json.dumps([env, payload, str(est.parent)])],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
@@ -280,7 +282,7 @@ def test_a_weight_broadcast_over_nodes_that_differ_in_native_bf16_agrees_on_one_
     team = roles.Roles(cfg)
     try:
         team.setup_learners()
-        engine_state = lambda worker: {k: v.clone() for k, v in worker.engine.named_tensors().items()}  # noqa: E731
+        engine_state = lambda worker: {k: v.clone() for k, v in worker.engine.named_tensors().items()}
         assert ray.get([w.__ray_call__.remote(lambda w: w.dtype) for w in team.workers]) == ["float32"] * 2
         # weights no worker holds yet, then one push
         ray.get(team.learners[0].__ray_call__.remote(lambda a: [p.data.add_(0.01) for p in a.model.parameters()]))
@@ -306,6 +308,114 @@ def test_a_weight_layout_mismatch_is_named_on_both_sides_before_the_first_broadc
         with pytest.raises(RuntimeError, match=r"learner rank 0 \(node 10.0.0.1\) sends 'embed.weight' as bfloat16 "
                                                rf"\(8, 4\), but rollout worker 1 \(node 10.0.0.2\) {says}"):
             check_same_layout(sent, {"node": "10.0.0.2", "tensors": held}, "learner rank 0", "rollout worker 1")
+
+
+def _probed_estimator(tmp_path, name: str):
+    """examples/custom_estimator.py as a user's file `name` outside the checkout, writing one line per import:
+    (module name, file, process id) into probe.txt."""
+    from pathlib import Path
+
+    est = tmp_path / "elsewhere" / name
+    est.parent.mkdir(exist_ok=True)
+    probe = tmp_path / "probe.txt"
+    est.write_text((Path(__file__).parents[1] / "examples" / "custom_estimator.py").read_text() +
+                   f"\nimport os as _os\nwith open({str(probe)!r}, 'a') as _f:\n"
+                   "    _f.write(f'{__name__} {__file__} {_os.getpid()}\\n')\n")
+    return est, probe
+
+
+def test_a_ray_the_caller_started_still_gets_rlvr_and_the_estimator_file(tmp_path, model_dir):
+    # this module's Ray was started before rlvr (the local_ray fixture): the old start_ray returned at once and
+    # nothing was shipped; each actor imported the file from the driver's path, under a per-process name
+    import os
+
+    from rlvr.core.imports import file_module_name
+
+    assert ray.is_initialized()
+    est, probe = _probed_estimator(tmp_path, "my-rloo.py")  # not a module name as it is
+    cfg = _cfg(model_dir, tmp_path / "run", steps=1, **{"distributed.rollout_workers": 1, "algorithm": f"{est}:RLOO"})
+    result = train_module.train_grpo(cfg)
+    assert result["steps"] == 1 and result["algorithm"] == f"{est}:RLOO"
+    name = file_module_name(est, "algorithm")
+    imports = [line.split() for line in probe.read_text().splitlines()]
+    actors = [(module, file) for module, file, pid in imports if int(pid) != os.getpid()]
+    assert len(actors) >= 2  # the rollout worker and the learner, each in its own process
+    for module, file in actors:  # the copy Ray unpacked for the actor, under the driver's module name
+        assert file != str(est) and "py_modules_files" in file and file.endswith(f"/{name}.py") and module == name
+    assert [module for module, file, pid in imports if int(pid) == os.getpid()] == [name]  # the driver, once
+
+
+_TWO_NODES = """
+import json, os, sys
+from ray.cluster_utils import Cluster
+tests, model_dir, out, algorithm = json.loads(sys.argv[1])
+sys.path.insert(0, tests)
+from conftest import train_cfg
+from rlvr.training import rl
+
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+cluster.add_node(num_cpus=1)  # a worker and a learner of 1 CPU each: one on each node
+try:
+    cfg = train_cfg(model_dir, out, steps=1, log_rollouts_every=0, algorithm=algorithm,
+                    **{"distributed.rollout_workers": 1, "distributed.address": cluster.address})
+    print(json.dumps([rl.train_grpo(cfg)["steps"], os.getpid()]))
+finally:
+    cluster.shutdown()
+"""
+
+
+def test_a_run_that_joins_a_cluster_of_two_nodes_ships_rlvr_and_the_estimator_file(tmp_path, model_dir):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from rlvr.core.imports import file_module_name
+
+    # the old code shipped it as `code` (its stem: in every actor it hid the standard library's `code`), under
+    # another name than the driver's module, so nothing of it pickled by reference into an actor
+    est, probe = _probed_estimator(tmp_path, "code.py")
+    args = [str(Path(__file__).parent), str(model_dir), str(tmp_path / "run"), f"{est}:RLOO"]
+    # a Ray of its own (this module's is already up), from another directory
+    run = subprocess.run([sys.executable, "-c", _TWO_NODES, json.dumps(args)], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=400, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    steps, driver = json.loads(run.stdout.splitlines()[-1])
+    name = file_module_name(est, "algorithm")
+    imports = [line.split() for line in probe.read_text().splitlines()]
+    actors = [(module, file) for module, file, pid in imports if int(pid) != driver]
+    assert steps == 1 and len(actors) >= 2
+    for module, file in actors:
+        assert file != str(est) and "py_modules_files" in file and module == name
+
+
+def test_a_shipped_file_is_imported_under_the_drivers_name_so_its_objects_pickle_into_actors(tmp_path, model_dir):
+    import sys
+    from pathlib import Path
+
+    import rlvr
+    from rlvr.algorithms.spec import ADVANTAGES
+
+    est, _ = _probed_estimator(tmp_path, "my_rloo.py")
+    cfg = _cfg(model_dir, tmp_path / "run", **{"distributed.rollout_workers": 1, "algorithm": f"{est}:RLOO"})
+    assert cfg.estimator.advantage == "rloo"  # imported here, as the driver does
+    env, payload = placement.actor_environment(cfg)  # this module's Ray was started before rlvr: per actor
+    rloo = ADVANTAGES["rloo"]  # a function of the user's file: pickled by reference (its module's name)
+
+    @ray.remote
+    def remote_call(fn, payload):
+        import rlvr as shipped_rlvr
+        from rlvr.config import TrainConfig
+
+        advantages, _ = fn(torch.tensor([1.0, 0.0, 1.0, 1.0]), 4, TrainConfig.model_validate(payload).estimator)
+        return advantages.tolist(), shipped_rlvr.__file__, sys.modules[fn.__module__].__file__
+
+    advantages, rlvr_file, module_file = ray.get(remote_call.options(runtime_env=env).remote(rloo, payload),
+                                                 timeout=120)
+    # leave-one-out: 1 - 2/3 = 1/3 for the right answers, 0 - 1 = -1 for the wrong one
+    assert advantages == pytest.approx([1 / 3, -1.0, 1 / 3, 1 / 3])
+    assert Path(rlvr_file).parent != Path(rlvr.__file__).parent and "py_modules_files" in rlvr_file  # rlvr too
+    assert module_file != str(est) and "py_modules_files" in module_file
 
 
 def test_sampled_log_probs_land_on_the_response_positions():

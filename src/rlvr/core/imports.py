@@ -3,10 +3,21 @@ environment) without editing the library."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
+import re
 import sys
 from pathlib import Path
+
+
+def file_module_name(path: str | Path, field: str) -> str:
+    """The module name a user's file is imported under: the same in every process for one file (a hash of its
+    resolved path, not Python's per-process `hash`), because rlvr.distributed ships the file to Ray actors
+    under this name, and an object defined in it (a function, a class) then pickles by reference into any actor."""
+    file = Path(path).expanduser().resolve()
+    digest = hashlib.sha256(str(file).encode()).hexdigest()[:12]
+    return f"rlvr_user_{field}_{re.sub(r'[^0-9A-Za-z_]', '_', file.stem)}_{digest}"
 
 
 def import_target(path: str, field: str):
@@ -17,7 +28,7 @@ def import_target(path: str, field: str):
         file = Path(module_name).expanduser().resolve()
         if not file.is_file():
             raise ValueError(f"{field}={path!r}: no such file {file}")
-        key = f"rlvr_user_{field}_{abs(hash(str(file)))}"
+        key = file_module_name(file, field)
         module = sys.modules.get(key)
         if module is None:
             spec = importlib.util.spec_from_file_location(key, file)

@@ -1,15 +1,17 @@
 """Where the Ray roles run, checked before any of them starts: what the roles ask for against what the cluster
-has (`check_feasible`), starting or joining Ray with rlvr's code shipped (`start_ray`, `shipped`), paths made
-absolute on the driver, and the checks a role runs on its node: it must see the driver's run directory
-(`check_shared_run_dir`) and the model (`check_model_here`).
+has (`check_feasible`), starting or joining Ray (`start_ray`), what every actor gets with it: rlvr's code and the
+user's files (`shipped`, `user_files`), paths made absolute on the driver, and the checks a role runs on its
+node: it must see the driver's run directory (`check_shared_run_dir`) and the model (`check_model_here`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from rlvr.config import TrainConfig
+from rlvr.core.imports import file_module_name
 
 
 class RoleFailed(RuntimeError):
@@ -70,18 +72,51 @@ def absolute_paths(cfg: TrainConfig) -> TrainConfig:
     return cfg.model_copy(update=update)
 
 
-def shipped(cfg: TrainConfig) -> tuple[dict, TrainConfig]:
-    """(runtime_env for ray.init, the config the actors get) for a cluster this process joins: nodes other than
-    the driver's have neither this checkout nor a user's estimator file, so rlvr's code and the file travel with
-    the job (Ray's py_modules, uploaded once), and the actors import the file as the module it ships as."""
+def user_files(cfg: TrainConfig) -> list[tuple[str, str]]:
+    """(field, reference) for each `path/to/file.py:attr` in `cfg` that the actors import, with the `field`
+    rlvr.core.imports.import_target is called with for it: the files `shipped` sends. A new kind of user file
+    (a reward function's, say) adds its references here."""
+    refs = [("algorithm", cfg.algorithm)]
+    return [(field, ref) for field, ref in refs if _is_file_ref(ref)]
+
+
+def _is_file_ref(ref: str) -> bool:
+    path, sep, _ = ref.rpartition(":")
+    return bool(sep) and path.endswith(".py") and Path(path).is_file()
+
+
+def shipped(cfg: TrainConfig) -> tuple[dict, dict]:
+    """(runtime_env, payload): what every Ray actor is created with, wherever Ray came from (started here,
+    joined with distributed.address, or already started by the caller: a runtime_env given to ray.init would
+    miss the last). Nodes other than the driver's have neither this checkout nor the user's files, so rlvr's
+    code and each file of `user_files` travel with the actors (Ray's py_modules, uploaded once per content);
+    a file travels as `<name>.py`, with `name` the module this process imported it as
+    (rlvr.core.imports.file_module_name), and the payload (the config as JSON) names it `name:attr`: the actors
+    import it under the driver's name, so an object from it pickles by reference between them."""
     import rlvr
 
-    modules = [str(Path(rlvr.__file__).parent)]
-    path, sep, attr = cfg.algorithm.rpartition(":")
-    if sep and path.endswith(".py"):
-        modules.append(path)
-        cfg = cfg.model_copy(update={"algorithm": f"{Path(path).stem}:{attr}"})
-    return {"py_modules": modules, "env_vars": {"TOKENIZERS_PARALLELISM": "false"}}, cfg
+    modules, renamed = [str(Path(rlvr.__file__).parent)], {}
+    for field, ref in user_files(cfg):
+        path, _, attr = ref.rpartition(":")
+        name = file_module_name(path, field)
+        copy = Path(cfg.out) / ".rlvr-shipped" / f"{name}.py"  # Ray keeps a single file's name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, copy)
+        modules.append(str(copy))
+        renamed[ref] = f"{name}:{attr}"
+    payload = _rename(cfg.model_dump(mode="json", by_alias=True), renamed)
+    return {"py_modules": modules, "env_vars": {"TOKENIZERS_PARALLELISM": "false"}}, payload
+
+
+def _rename(value, renamed: dict[str, str]):
+    """`value` (JSON) with every string in `renamed`, as a value or a key, replaced."""
+    if isinstance(value, str):
+        return renamed.get(value, value)
+    if isinstance(value, list):
+        return [_rename(v, renamed) for v in value]
+    if isinstance(value, dict):
+        return {renamed.get(k, k): _rename(v, renamed) for k, v in value.items()}
+    return value
 
 
 def check_feasible(cfg: TrainConfig, nodes: list[dict]) -> None:
@@ -103,18 +138,62 @@ def check_feasible(cfg: TrainConfig, nodes: list[dict]) -> None:
                          f"{d.rollout_num_gpus:g} GPU; distributed.*_num_cpus / *_num_gpus)")
 
 
+_STARTED = "RLVR_RAY"  # in the job's env_vars when start_ray started or joined it: "local" or "shipped"
+
+
 def start_ray(cfg: TrainConfig) -> bool:
-    """Join `distributed.address` or start a local Ray with enough CPUs for every role; True if started here."""
+    """Join `distributed.address` with rlvr's code and the user's files (`shipped`), or start a local Ray with
+    enough CPUs for every role; True if started here. False: the caller had started Ray, and `actor_environment`
+    ships them with each actor instead."""
     import ray
 
     d = cfg.distributed
     if ray.is_initialized():
         return False
-    if d.address:  # other nodes get rlvr's code and a file estimator from here (shipped)
-        ray.init(address=d.address, log_to_driver=True, runtime_env=shipped(cfg)[0])
+    if d.address:
+        env = shipped(cfg)[0]
+        ray.init(address=d.address, log_to_driver=True,
+                 runtime_env={**env, "env_vars": {**env["env_vars"], _STARTED: "shipped"}})
         return True
     wanted = d.rollout_workers * d.rollout_num_cpus + d.learners * d.learner_num_cpus
     # logical CPUs: in synchronous mode the roles take turns, so a 2-core machine can host 2 workers + 2 learners
     ray.init(num_cpus=max(os.cpu_count() or 1, int(wanted + 0.999)), include_dashboard=False, log_to_driver=True,
-             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", _STARTED: "local"}})
     return True
+
+
+def actor_environment(cfg: TrainConfig) -> tuple[dict | None, dict]:
+    """(runtime_env for each actor, or None for the job's; the config payload each actor gets). A local Ray
+    started by start_ray runs the actors from this checkout, and they import a user's file from its path; one
+    it joined already carries `shipped` for the whole job; one the caller started (ray.init before rlvr) took no
+    runtime_env from rlvr, so rlvr's code and the user's files travel with each actor."""
+    import ray
+
+    job = ray.get_runtime_context().runtime_env
+    started = (job.get("env_vars") or {}).get(_STARTED)
+    if started == "local":
+        return None, cfg.model_dump(mode="json", by_alias=True)
+    env, payload = shipped(cfg)
+    if started == "shipped":
+        return None, payload
+    # an actor's py_modules replace the job's: keep the caller's own
+    env["py_modules"] = [*(job.get("py_modules") or []), *_uploaded(env["py_modules"])]
+    return env, payload
+
+
+def _uploaded(paths: list[str]) -> list[str]:
+    """Local directories and .py files as URIs in Ray's store: an actor's runtime_env takes only URIs (Ray
+    uploads local paths for ray.init's alone), so this calls the function ray.init uses (internal to Ray)."""
+    import inspect
+    import tempfile
+
+    try:
+        from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
+    except ImportError:
+        raise RoleFailed("Ray was started before rlvr (ray.init) and this Ray version has no upload rlvr can use "
+                         "to send its code and your files to each actor: let rlvr start Ray (no ray.init; "
+                         "distributed.address=auto joins a cluster)") from None
+    gitignore = ({"include_gitignore": True} if "include_gitignore" in
+                 inspect.signature(upload_py_modules_if_needed).parameters else {})
+    with tempfile.TemporaryDirectory() as scratch:
+        return upload_py_modules_if_needed({"py_modules": list(paths)}, scratch_dir=scratch, **gitignore)["py_modules"]

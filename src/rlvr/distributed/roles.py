@@ -18,7 +18,13 @@ from rlvr.config import TrainConfig
 from rlvr.core import checkpoint as ckpt
 from rlvr.core.devices import actor_device, native_dtype, resolve_placement
 from rlvr.distributed.parallel import agreed_dtype, check_same_layout
-from rlvr.distributed.placement import RoleFailed, check_feasible, check_model_here, check_shared_run_dir, shipped
+from rlvr.distributed.placement import (
+    RoleFailed,
+    actor_environment,
+    check_feasible,
+    check_model_here,
+    check_shared_run_dir,
+)
 from rlvr.tasks.prompts import get_prompt
 from rlvr.tasks.records import DataOrder
 
@@ -210,7 +216,7 @@ class Roles:
 
         d = cfg.distributed
         check_feasible(cfg, ray.nodes())
-        payload = (shipped(cfg)[1] if d.address else cfg).model_dump(mode="json", by_alias=True)
+        runtime_env, payload = actor_environment(cfg)  # rlvr's code and the user's files, wherever Ray came from
         worker_cls = ray.remote(num_cpus=d.rollout_num_cpus, num_gpus=d.rollout_num_gpus)(RolloutWorker)
         learner_cls = ray.remote(num_cpus=d.learner_num_cpus, num_gpus=d.learner_num_gpus)(Learner)
         self.cfg, self.run_dir = cfg, Path(cfg.out)
@@ -225,10 +231,12 @@ class Roles:
             raise RoleFailed(f"the cluster could not place {d.learners} learners x {bundle} within "
                              f"distributed.ready_timeout_s={d.ready_timeout_s:g} s (available now: "
                              f"{ray.available_resources()}); free resources or ask for fewer") from None
-        self.workers = [worker_cls.remote(payload, i) for i in range(d.rollout_workers)]
-        self.learners = [learner_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-            placement_group=self.group, placement_group_bundle_index=r)).remote(payload, r, d.learners)
-            for r in range(d.learners)]
+        self.workers = [worker_cls.options(runtime_env=runtime_env).remote(payload, i)
+                        for i in range(d.rollout_workers)]
+        self.learners = [learner_cls.options(runtime_env=runtime_env, scheduling_strategy=
+                                             PlacementGroupSchedulingStrategy(placement_group=self.group,
+                                                                              placement_group_bundle_index=r))
+                         .remote(payload, r, d.learners) for r in range(d.learners)]
         self.names = {**{w: f"rollout worker {i}" for i, w in enumerate(self.workers)},
                       **{a: f"learner rank {r}" for r, a in enumerate(self.learners)}}
         self.pushes: list[tuple] = []  # weight pushes not yet collected: (ref, actor, version, time sent)
