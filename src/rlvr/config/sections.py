@@ -59,7 +59,9 @@ class SandboxConfig(BaseConfig):
         "program's reach (refuses to start where it cannot); limits_only: resource limits and a timeout only, "
         "no isolation (programs can read your files, reach the network and forge verdicts): trusted code only")
     workers: int | None = Field(None, ge=1, description="sandboxes at once (default: 2 per CPU this process may use)")
-    timeout: float = Field(5.0, gt=0, description="wall-clock seconds for a program and all its tests")
+    timeout: float = Field(5.0, gt=0, description="CPU seconds for a program and all its tests, every process of "
+                           "its sandbox together (past them: a timeout, whatever runs beside it); one that waits "
+                           "instead is stopped at 3 x this of wall clock")
     memory_mb: int = Field(512, ge=32, description="address space of each of a sandbox's processes")
     processes: int = Field(8, ge=2, description="processes and threads a sandbox may hold (the judge's included)")
 
@@ -72,10 +74,11 @@ class SandboxConfig(BaseConfig):
         """Run programs this way from now on in this process; raises SandboxUnavailable where bwrap cannot
         isolate them here (before any heavy work)."""
         from rlvr.sandbox import configure
-        from rlvr.sandbox.records import SandboxLimits
+        from rlvr.sandbox.records import WALL_FACTOR, SandboxLimits
 
-        configure(self.isolation, self.workers, SandboxLimits(timeout=self.timeout, cpu_seconds=max(1, int(
-            self.timeout) - 1), memory_mb=self.memory_mb, processes=self.processes))
+        limits = SandboxLimits(timeout=WALL_FACTOR * self.timeout, cpu_seconds=self.timeout,
+                               memory_mb=self.memory_mb, processes=self.processes)
+        configure(self.isolation, self.workers, limits)
 
 
 CODE_PROMPTS = ("code", "code_chat")  # the prompts of code datasets (rlvr.tasks.prompts), graded by running tests
