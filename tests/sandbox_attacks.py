@@ -349,7 +349,8 @@ def judge_attacks() -> dict[str, tuple]:
             "EXPECTED = 1\ndef helper(x):\n    return 1\ndef f(x):\n    return 1",
             ["def test_f():\n    assert f(2) == helper(2)\n    assert f(3) == EXPECTED\n"
              "def helper(x):\n    return 2 * x\nEXPECTED = 6"]),
-        "a_name_the_file_binds_later": ("LIMIT = 2\ndef f(x):\n    return 2", ["assert f(1) == LIMIT\nLIMIT = 3"]),
+        "a_name_the_file_binds_itself": ("LIMIT = 2\nSTEP = 2\ndef f(x):\n    return 2",
+                                         ["assert f(1) == LIMIT\nLIMIT = 3", "STEP = 3\nfrom solution import *\nassert f(1) == STEP"]),
         # the program's object under a standard module's name answered the test's `math.isclose`
         "program_object_named_math": (
             "class M:\n    def isclose(self, *a, **k):\n        return True\n    def sqrt(self, x):\n        return 3.0\n"

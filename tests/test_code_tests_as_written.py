@@ -57,6 +57,9 @@ def test_a_name_the_file_binds_is_never_the_programs_not_even_before_it_does():
     tests = ["assert f(1) == LIMIT\nLIMIT = 3", "x = f(1)", "assert x == 5"]
     assert grade(["LIMIT = 2\nx = 5\ndef f(a):\n    return 2"], tests) == [(0, 2)]
     assert grade(["def f(a):\n    return 5"], ["LIMIT = 5\nassert f(1) == LIMIT", "x = f(1)", "assert x == 5"]) == [(2, 2)]
+    # nor can a star import put the program's value over the file's own, unless the file asks for it by name
+    star = ["STEP = 3\nfrom solution import *\nassert f(1) == STEP", "from solution import LIMIT\nassert f(1) == LIMIT"]
+    assert grade(["STEP = 2\nLIMIT = 2\ndef f(a):\n    return 2"], star) == [(1, 2)]
 
 
 def test_a_statement_that_raises_stops_the_file_and_a_failing_check_does_not():

@@ -19,9 +19,10 @@ decided in the judge on its own plain values.
 
 The namespace, before the file's first statement (`__rlvr_bind__`, the judge's): the program's top-level
 names except a builtin's, a standard module's or a name the file binds itself (those stay the file's: a
-constant defined below a test cannot be the program's); the task's entry point, always, even when named
-like a builtin (`max`), and a program without it fails every check; and the real standard module for
-every standard module name the file uses without importing it (MBPP tests that call `math.isclose` on
+constant defined below a test cannot be the program's, nor can `from solution import *` replace it unless
+the file asks the program for that name, `from solution import name`); the task's entry point, always, even
+when named like a builtin (`max`), and a program without it fails every check; and the real standard module
+for every standard module name the file uses without importing it (MBPP tests that call `math.isclose` on
 the solution's import get `math`, not whatever the program bound to that name).
 
 Refused here, with the reason (`CodeTestsError`; a data set is refused when it loads): no check at all; a
@@ -230,11 +231,22 @@ def _names(source: str) -> tuple[set[str], set[str]]:
     return bound, read
 
 
-def _prelude(entry: str | None, bound: set[str], read: set[str]) -> str:
+def _asked_of_the_program(tree: ast.Module) -> set[str]:
+    """The names the file takes from the program's module by name: `from solution import f`, `solution.f`."""
+    aliases = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+               if a.name == MODULE}
+    asked = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == MODULE for a in n.names}
+    asked |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+              and n.value.id in aliases}
+    return asked - {"*"}
+
+
+def _prelude(entry: str | None, bound: set[str], read: set[str], asked: set[str]) -> str:
     import builtins
 
     modules = sorted(n for n in read - bound if n in STDLIB and n != entry and not hasattr(builtins, n))
-    return f"{BIND}(entry_point={entry!r}, modules={modules!r}, test_names={sorted(bound)!r})"
+    return (f"{BIND}(entry_point={entry!r}, modules={modules!r}, test_names={sorted(bound)!r}, "
+            f"asked={sorted(asked & bound)!r})")
 
 
 def _spec(ground_truth: str) -> tuple[str | None, list[str]]:
@@ -264,6 +276,7 @@ def parse_tests(ground_truth: str) -> CodeTests:
     expected: list = []
     bound: set[str] = set()
     read: set[str] = set()
+    asked: set[str] = set()
     pending: list[str] = []  # statements that run before the next check
     files: list[_File] = []
 
@@ -280,6 +293,7 @@ def parse_tests(ground_truth: str) -> CodeTests:
         names = _names(source)
         bound |= names[0]
         read |= names[1]
+        asked |= _asked_of_the_program(tree)
         try:
             reading = _File(tree, entry)
         except CodeTestsError as err:
@@ -305,7 +319,7 @@ def parse_tests(ground_truth: str) -> CodeTests:
     if pending and any(isinstance(n, ast.Call) for n in ast.walk(ast.parse("\n".join(pending)))):
         add(Check("\n".join(pending), "run"), True)  # the file's last statements must run too
     first = checks[0]
-    checks[0] = dataclasses.replace(first, setup="\n".join(filter(None, [_prelude(entry, bound, read), first.setup])))
+    checks[0] = dataclasses.replace(first, setup="\n".join(filter(None, [_prelude(entry, bound, read, asked), first.setup])))
     spellings = tuple(canonical(want) if check.kind == "value" and want is not FALSY and not isinstance(want, Is)
                       else None for check, want in zip(checks, expected))
     return CodeTests(tuple(checks), tuple(expected), entry, spellings)

@@ -400,10 +400,12 @@ def _bind_names(judge: Judge, names, module: str) -> dict:
     sys.modules[module] = solution
     namespace[module] = solution
 
-    def bind(entry_point=None, modules=(), test_names=()):
+    def bind(entry_point=None, modules=(), test_names=(), asked=()):
         for name in test_names:  # the file binds these itself: never the program's, even before it does
             if name != module:
                 namespace.pop(name, None)
+                if name not in asked:  # nor by `from solution import *` after the file bound it
+                    solution.__dict__.pop(name, None)
         for name in modules:  # standard modules the file uses without importing them
             if name in sys.stdlib_module_names and name not in _NO_IMPORT:
                 try:
