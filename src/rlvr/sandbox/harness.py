@@ -3,7 +3,10 @@
     python -S -s -P -B harness.py <result fd> <mode> <uid | ->
 
 Standard library only: it runs inside the sandbox, where no site-packages exist. `rlvr.sandbox` imports this
-file too, for the value codec both sides share (`encode`, `decode`).
+file too, for the value codec (`encode`, `decode`; its probe reads its own program's values with `decode`). The
+trainer never builds a program's value: it compares encode's text with the test's literal on canonical
+spellings (`rlvr.grading.values`), since building a value the program chose (a set of colliding hashes) would
+cost it time outside every limit. Inside, the judge's own `decode` is bounded by the sandbox's deadline.
 
 The judge is trusted and holds everything that decides a verdict: the tests (read from stdin only after the
 program's process has been forked off, so they are never in its memory), the result pipe to rlvr, and the
