@@ -80,8 +80,14 @@ class Measured:
 def _skip_reason(user: str) -> str | None:
     if not ROOT:
         return "measuring a grader's memory needs a cgroup of its own: root"
-    if _own_memory_cgroup() is None:
+    base = _own_memory_cgroup()
+    if base is None:
         return "no memory cgroup controller on this machine"
+    try:
+        os.mkdir(f"{base}/rlvr-test-probe-{os.getpid()}")
+        os.rmdir(f"{base}/rlvr-test-probe-{os.getpid()}")
+    except OSError as err:
+        return f"cannot make a memory cgroup to measure a grader in ({err})"
     if user == "nobody" and (shutil.which("setpriv") is None or not os.path.exists(SYSTEM_PYTHON)):
         return f"needs setpriv and {SYSTEM_PYTHON} to run a grader as uid {NOBODY}"
     return None

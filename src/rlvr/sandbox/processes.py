@@ -142,7 +142,9 @@ _TICK = os.sysconf("SC_CLK_TCK")
 def tree_cpu_seconds(root: int) -> float:
     """CPU time of process `root` and all its descendants, from /proc: live ones and zombies by their own
     time, reaped ones by their reaper's (cutime, cstime). A sandbox's orphans are reparented to its judge (PID 1
-    of its namespace), so this covers every process it ever had, those that called setsid() too."""
+    of its namespace), so this covers every process it ever had, those that called setsid() too; except one
+    reaped by the kernel (its parent ignores SIGCHLD), whose time no one inherits: with cgroups, the group's
+    clock counts that too; without, such a program runs to the wall-clock cap, on its one CPU share."""
     children: dict[int, list[int]] = {}
     times: dict[int, int] = {}
     for entry in os.scandir("/proc"):
