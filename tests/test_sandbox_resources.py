@@ -291,3 +291,39 @@ def test_the_configs_timeout_is_cpu_time_with_a_wall_cap_and_the_log_says_what_b
         assert ("bounded by cgroup v" if cgroups.in_force() else "bounded by no cgroups") in line
     finally:
         sandbox._settings = saved
+
+
+def test_a_cgroup_v2_hierarchy_is_used_as_v1_is(tmp_path, monkeypatch):
+    """No v2 machine here: a directory stands in for one (the kernel's files as plain files), to check what
+    rlvr reads and writes there: it enables the controllers for the groups below its own, gives each sandbox
+    memory.max = its budget, no swap, pids.max, and reads its CPU clock and OOM kills from cpu.stat and
+    memory.events."""
+    own = tmp_path / "user.slice" / "rlvr.scope"
+    own.mkdir(parents=True)
+    (own / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids rdma misc\n")
+    (own / "cgroup.subtree_control").write_text("\n")
+    real_read = cgroups._read
+    monkeypatch.setattr(cgroups, "_read", lambda path: "0::/user.slice/rlvr.scope\n" if path == "/proc/self/cgroup"
+                        else real_read(path))
+    monkeypatch.setattr(cgroups, "_mounts", lambda: [("/", str(tmp_path), "cgroup2", {"rw"})])
+    real_mkdir = os.mkdir
+
+    def mkdir(path, mode=0o777):  # the kernel fills a new group with its files
+        real_mkdir(path, mode)
+        for name in ("cgroup.procs", "memory.max", "memory.swap.max", "pids.max"):
+            Path(path, name).write_text("")
+        Path(path, "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\n")
+        Path(path, "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    assert cgroups._own_dirs() == (2, dict.fromkeys(cgroups.V2, str(own)))
+    assert (own / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
+    limits = SandboxLimits(**LIMITS)
+    group = cgroups._make(2, dict.fromkeys(cgroups.V2, str(own)), limits)
+    where = Path(group.dirs["memory"])
+    assert where.parent == own and where.name.startswith(f"rlvr-sandbox-{os.getpid()}-")
+    assert (where / "memory.max").read_text() == str(sandbox_memory_mb(limits) << 20)  # 656 MB
+    assert (where / "memory.swap.max").read_text() == "0" and (where / "pids.max").read_text() == "4"
+    assert group.cpu_seconds() == 2.5 and group.oom_killed()
+    group.add(4242)
+    assert (where / "cgroup.procs").read_text() == "4242"
