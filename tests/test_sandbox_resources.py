@@ -240,7 +240,7 @@ while i < len(args) and args[i].startswith("--"):
              "--cap-drop": 1}.get(name, 0)
     values = args[i + 1:i + 1 + takes]
     if name == "--ro-bind-data":
-        fd, path = tempfile.mkstemp(suffix=".py")
+        fd, path = tempfile.mkstemp(suffix=".py", dir=os.path.dirname(os.path.abspath(__file__)))
         with os.fdopen(fd, "wb") as f:
             f.write(os.read(int(values[0]), 1 << 22))
         keep[values[1]] = path
@@ -263,7 +263,7 @@ def test_every_entry_that_runs_a_program_refuses_a_launcher_that_isolates_nothin
     fake = tmp_path / "bin"
     fake.mkdir(parents=True)
     (fake / "bwrap").write_text(NOOP_BWRAP)
-    os.chmod(fake, 0o755)
+    os.chmod(fake, 0o777)  # it writes the harness it is given beside itself
     os.chmod(fake / "bwrap", 0o755)
     report, _ = run(user, "refused", {"path": f"{fake}:/usr/bin:/bin"}, tmp_path)
     for entry, outcome in report.items():
