@@ -15,7 +15,8 @@ from rlvr.config import DemoConfig, DPOConfig, EvalConfig, SFTConfig, TrainConfi
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-CONFIGS = {"eval": EvalConfig, "sft": SFTConfig, "train": TrainConfig, "dpo": DPOConfig, "demo": DemoConfig}
+CONFIGS = {"eval": EvalConfig, "sft": SFTConfig, "train": TrainConfig, "dpo": DPOConfig, "demo": DemoConfig,
+           "check-task": TrainConfig}
 
 
 def doc_commands(path: Path) -> list[tuple[int, str]]:

@@ -35,6 +35,11 @@ _EXPORTS = {
     "tokenize_prompt_and_ids": "rlvr.algorithms.policy",
     "get_response_log_probs": "rlvr.algorithms.policy",
     "sft_microbatch_train_step": "rlvr.algorithms.policy",
+    # your own task, from Python: the same loops as `rlvr train` / `rlvr eval` (docs/your_task.md)
+    "train": "rlvr.training.api",
+    "evaluate": "rlvr.training.api",
+    "register_reward": "rlvr.tasks.user_rewards",
+    "load_task": "rlvr.tasks.task",
     # training
     "grpo_train_step": "rlvr.algorithms.train_step",
     "policy_gradient_update": "rlvr.algorithms.update",

@@ -130,6 +130,47 @@ def dpo_command(ctx: typer.Context, config: Path = ConfigOption):
     _run(DPOConfig, config, ctx, "rlvr.training.dpo", "train_dpo")
 
 
+@app.command("check-task", context_settings=_EXTRA,
+             help="Check a task before training: rows per split, two rendered prompts, prompt lengths, and every "
+                  "reward on each row's reference answer and on an empty completion (does the reward vary at "
+                  "all?). Takes `rlvr train`'s config; loads the tokenizer, no model.\n\n" + fields_help(TrainConfig))
+def check_task_command(ctx: typer.Context, config: Path = ConfigOption,
+                       rows: int = typer.Option(16, "--rows", help="train rows whose rewards are checked")):
+    _setup_logging()
+    cfg = _config(TrainConfig, config, ctx)
+    from rlvr.core.models import load_tokenizer
+    from rlvr.stages.check import check_task
+    from rlvr.tasks.task import load_task
+
+    try:
+        task = load_task(cfg)
+        tokenizer = load_tokenizer(cfg.model)
+        report = check_task(task, tokenizer=tokenizer, n=rows)
+    except ValueError as err:
+        if _debug():
+            raise
+        _fail(str(err))
+    typer.echo("rows: " + ", ".join(f"{split} {count}" for split, count in report.rows.items()))
+    for k, prompt in enumerate(report.prompts):
+        typer.echo(f"--- prompt {k + 1} ---\n{prompt}")
+    if report.prompt_tokens:
+        typer.echo(f"prompt tokens: mean {report.prompt_tokens['mean']:.0f}, max {report.prompt_tokens['max']}")
+    low, high = report.reward_range
+    typer.echo(f"reward over {len(report.reference)} reference and {len(report.empty)} empty completions: "
+               f"min {low:g}, max {high:g}")
+    if report.reference:
+        mean = sum(float(s["reward"]) for s in report.reference) / len(report.reference)
+        typer.echo(f"reference answers: mean reward {mean:g}")
+    terms = sorted({k for s in report.reference + report.empty for k in s if k.startswith("reward/")})
+    for term in terms:
+        ref = [s[term] for s in report.reference if term in s]
+        emp = [s[term] for s in report.empty if term in s]
+        typer.echo(f"  {term}: reference {sum(ref) / max(len(ref), 1):g}, empty {sum(emp) / max(len(emp), 1):g}")
+    for warning in report.warnings:
+        typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW)
+    typer.echo("ok" if not report.warnings else f"{len(report.warnings)} warning(s)")
+
+
 @app.command("demo", context_settings=_EXTRA,
              help="The whole pipeline on the default model: baseline, SFT, GRPO, before/after.\n\n" + fields_help(DemoConfig))
 def demo_command(ctx: typer.Context, config: Path = ConfigOption):

@@ -117,11 +117,6 @@ class TrainConfig(TrainingFields):
                                    "/ forward: the exact KL(student||teacher) / KL(teacher||student) over the "
                                    "vocabulary at each visited state")
     teacher: str | None = Field(None, description="teacher model for on-policy distillation (same tokenizer)")
-    # rewards: {name: weight}; names are reward functions (r1_zero, question_only, answer_tag, code_tests) or
-    # "format" (the prompt's reward function's format reward)
-    rewards: dict[str, float] | None = Field(None, description="weighted rewards, e.g. {r1_zero: 1.0, format: 0.2} "
-                                             "or {code_tests: 1.0, format: 0.05}; `overlong: w` adds DAPO's soft "
-                                             "overlong punishment (with overlong_buffer)")
     overlong_buffer: int | None = Field(None, ge=1, description="rewards' overlong term: the last N tokens before "
                                         "max_new_tokens (env=: the model's ids before the episode's budget), over "
                                         "which the penalty falls from 0 to -1")

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rlvr.config.base import BaseConfig
+from rlvr.config.task import TaskFields
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -87,18 +88,22 @@ CODE_PROMPTS = ("code", "code_chat")  # the prompts of code datasets (rlvr.tasks
 SFT_PROMPTS = ("r1_zero", "r1_zero_three_shot") + CODE_PROMPTS  # the prompts that have an SFT target
 
 
-class DataFields(BaseConfig):
+class DataFields(TaskFields):
     """What every command reads: the model, the dataset and how its splits are cut, the prompt."""
 
     model: str = Field("SmolLM2-135M-Instruct", description="hub name (cached), saved directory, .gguf, or the default")
     dataset: str = Field("gsm8k", description="math: gsm8k | arithmetic[:steps=N,max=M] | path.jsonl; code: "
                          "code[:level=N] | path.jsonl whose rows have a `tests_field` (needs a code prompt)")
     prompt: str = Field("r1_zero", description="math: question_only | r1_zero | r1_zero_three_shot | chat; "
-                        "code datasets: code | code_chat")
+                        "code datasets: code | code_chat; reasoning_gym; row (the row's own prompt column: text "
+                        "as it is, a conversation through the chat template); or a template file "
+                        "path/to/prompt.txt with {question} or {column} placeholders")
     split_seed: int = Field(0, ge=0, description="seed of the train/validation split, kept apart from `seed` so "
                             "that every run of a sweep (and the SFT before it) holds out the same questions")
-    question_field: str = Field("question", description="JSONL datasets: the question's field")
-    answer_field: str = Field("answer", description="JSONL datasets: the answer's field (bare or '#### x')")
+    question_field: str = Field("question", description="file datasets: the question's column (text or a chat "
+                                "conversation; a row without it falls back to a `prompt` column, TRL's name)")
+    answer_field: str = Field("answer", description="file datasets: the answer's column (bare or '#### x'; "
+                              "optional when the rewards are your own functions)")
     solution_field: str | None = Field(None, description="JSONL datasets: the worked solution's field (default: "
                                        "math, the text before '####'; code, 'solution'; MBPP: code)")
     tests_field: str = Field("tests", description="code JSONL datasets: the tests' field (assert strings, test code, "
@@ -119,7 +124,7 @@ class DataFields(BaseConfig):
     def grades_code(self) -> bool:
         """Whether this command runs programs in the sandbox (a code prompt, a code reward term, or an
         environment that runs them: env=python_tool)."""
-        rewards = getattr(self, "rewards", None) or {}
+        rewards = self.rewards or {}
         env = getattr(self, "env", None)
         if env is not None:
             from rlvr.environments import environment_factory
@@ -138,6 +143,12 @@ class DataFields(BaseConfig):
             from rlvr.environments import environment_factory
 
             env_cls = environment_factory(self.env)  # an unknown name or a file that does not import fails here
+        self._check_task()
+        if any(str(d).startswith("reasoning_gym:") for d in (self.dataset, self.validation_dataset)) and \
+                not self.rewards and self.prompt != "reasoning_gym":
+            raise ValueError(f"dataset={self.dataset!r}: reasoning-gym's tasks are graded by their own "
+                             f"score_answer, and prompt={self.prompt} grades with a reward of its own: use "
+                             "prompt=reasoning_gym, or say what grades them with rewards= (e.g. {reasoning_gym: 1.0})")
         try:
             code = is_code_dataset(self.dataset, self.tests_field)
         except DataError:  # a file not there yet (or unreadable): loading the data reports it

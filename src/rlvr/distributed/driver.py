@@ -45,8 +45,7 @@ from rlvr.config import TrainConfig
 from rlvr.core import checkpoint as ckpt
 from rlvr.distributed.placement import absolute_paths, start_ray, write_run_token
 from rlvr.distributed.roles import Roles
-from rlvr.tasks.datasets import load_split
-from rlvr.tasks.prompts import get_prompt
+from rlvr.tasks.task import load_task
 from rlvr.tasks.records import DataOrder
 
 log = logging.getLogger(__name__)
@@ -79,9 +78,8 @@ def train_distributed(cfg: TrainConfig) -> dict:
     run_dir = stages.start_run(cfg)
     run_token = write_run_token(run_dir)
     ckpt.seed_everything(cfg.seed)
-    prompt, spec = get_prompt(cfg.prompt), cfg.estimator
-    train = load_split(cfg, "train", cfg.train_limit)
-    val = load_split(cfg, "validation", cfg.eval_limit)
+    task, spec = load_task(cfg), cfg.estimator
+    prompt, train, val = task.prompt, task.split("train", cfg.train_limit), task.split("validation", cfg.eval_limit)
     reward_fn = stages.build_reward_fn(cfg, prompt.reward)
     tokenizer = load_tokenizer(cfg.model)
     started = start_ray(cfg)
@@ -238,7 +236,7 @@ class _AsyncLoop(_SyncLoop):
                 self.submitted += 1
                 index, ids = self.submitted, self.order.take(self.cfg.rollout_batch_size // self.cfg.group_size)
             questions = [self.train[i] for i in ids]
-            prompts = [self.prompt.format(q.question, self.tokenizer) for q in questions]
+            prompts = [self.prompt.render(q, self.tokenizer) for q in questions]
             load = collections.Counter(f.worker for f in self.in_flight)
             worker = min(self.roles.workers, key=lambda w: load[w])
             sampling = stages.rollout_sampling(self.cfg, self.prompt, index)

@@ -25,8 +25,8 @@ from rlvr.distributed.placement import (
     check_model_here,
     check_shared_run_dir,
 )
-from rlvr.tasks.prompts import get_prompt
 from rlvr.tasks.records import DataOrder
+from rlvr.tasks.task import task_prompt
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class RolloutWorker:
         return self.engine.generate(prompts, sampling), self.version
 
     def validate(self, examples: list) -> dict:
-        metrics, _ = stages.validate(self.engine, self.engine.model, examples, get_prompt(self.cfg.prompt),
+        metrics, _ = stages.validate(self.engine, self.engine.model, examples, task_prompt(self.cfg),
                                      self.tokenizer, self.cfg)
         return metrics
 

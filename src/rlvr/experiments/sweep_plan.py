@@ -189,15 +189,14 @@ def load_sweep(path: str | Path, overrides: list[str] | dict | None = None) -> S
 
 def _check_names(cfg: BaseConfig) -> None:
     """What TrainConfig leaves to run time but costs nothing to check now: the prompt and the dataset."""
-    from rlvr.tasks.datasets import load_split
-    from rlvr.tasks.prompts import get_prompt
+    from rlvr.tasks.task import load_task
 
     try:
-        get_prompt(cfg.prompt)
+        task = load_task(cfg)
     except ValueError as err:
         raise ConfigError(f"field 'prompt': {err}") from None
     try:
-        load_split(cfg, "validation", 1)
+        task.split("validation", 1)
     except (ValueError, FileNotFoundError) as err:
         raise ConfigError(f"field 'dataset': {err}") from None
 

@@ -244,7 +244,8 @@ def run(job: Job, limits: SandboxLimits, mode: str) -> ProgramResult:
     for reader in readers:
         reader.start()
     try:
-        proc.stdin.write(json.dumps(payload).encode("utf-8"))
+        if judge is not None and not why:  # else nothing to run: the sandbox is being stopped
+            proc.stdin.write(json.dumps(payload).encode("utf-8"))
         proc.stdin.close()
     except OSError:  # the sandbox died before reading its job; its status says why
         pass

@@ -10,11 +10,13 @@ loops call them as `stages.<name>` from this one module.
     curriculum  an online pass-rate curriculum: which questions a batch draws
     episodes  multi-turn rollouts (`env=`): batched episodes, the ids the learner trains on, env/* metrics
     run       run directories, loading the policy, optimizer, engines, resume, StopRequests
+    check     checking a task before training: rows, prompts, whether its reward can vary (rlvr check-task)
 
 May import: rlvr.core, rlvr.sandbox, rlvr.grading, rlvr.tasks, rlvr.environments, rlvr.engines, rlvr.algorithms,
 rlvr.config.
 """
 
+from rlvr.stages.check import TaskReport, check_task, warn_unlearnable
 from rlvr.stages.curriculum import (Curriculum, first_pass, question_sampler, record_rollouts,
                                     sampler_state)
 from rlvr.stages.episodes import episode_metrics, run_episodes
@@ -31,7 +33,7 @@ from rlvr.stages.run import (RunInterrupted, StopRequests, build_engines, build_
                              restore, start_run, trainer_state)
 from rlvr.stages.validation import start_validation, validate
 
-__all__ = ["Curriculum", "first_pass", "question_sampler", "record_rollouts", "sampler_state", "episode_metrics",
+__all__ = ["TaskReport", "check_task", "warn_unlearnable", "Curriculum", "first_pass", "question_sampler", "record_rollouts", "sampler_state", "episode_metrics",
     "run_episodes",
     "Rollouts", "RunInterrupted", "RunMonitor", "Scored", "StopRequests", "build_engines", "build_optimizer",
     "build_reward_fn", "collect_rollouts", "distill_from_teacher", "dynamic_rollouts", "evaluate", "finish_run",

@@ -179,7 +179,7 @@ def first_pass(sampler, engine, model, train: list[Example], prompt, tokenizer, 
     while left > 0:
         questions = [train[i] for i in order.take(min(per_batch, left))]
         left -= len(questions)
-        prompts = [prompt.format(q.question, tokenizer) for q in questions]
+        prompts = [prompt.render(q, tokenizer) for q in questions]
         sampling = rollout_sampling(cfg, prompt, 0)
         rollouts = Rollouts(questions, prompts, generate(engine, cfg.env, questions, prompts, sampling, tokenizer))
         sampler.record(questions, rollouts.completions, score_completions(reward_fn, rollouts, cfg)[0])

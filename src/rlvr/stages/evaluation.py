@@ -20,7 +20,9 @@ from rlvr.engines.base import RolloutEngine, SamplingParams
 from rlvr.stages.episodes import apply_env_rewards, episode_stats, generate
 from rlvr.tasks.prompts import PromptTemplate
 from rlvr.tasks.records import Example
-from rlvr.tasks.rewards import get_reward_fn, score_batch
+from rlvr.tasks.reward_base import RewardContext, score_batch
+from rlvr.tasks.rewards import get_reward_fn
+from rlvr.tasks.task import eval_reward_fn, load_task
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +96,15 @@ def evaluate(
     prompt's reward function."""
     start = time.perf_counter()
     reward_fn = reward_fn or get_reward_fn(prompt.reward)
-    prompts = [prompt.format(ex.question, tokenizer) for ex in examples]
+    prompts = [prompt.render(ex, tokenizer) for ex in examples]
     if prompt.stop and not sampling.stop:
         sampling = dataclasses.replace(sampling, stop=prompt.stop)
     completions = generate(engine, env, examples, prompts, sampling, tokenizer, progress)
     truths = [examples[c.prompt_index].answer for c in completions]
-    scores, _ = score_batch(reward_fn, [c.text for c in completions], truths)
+    context = RewardContext(prompts=[prompts[c.prompt_index] for c in completions],
+                            completion_ids=[list(c.token_ids) for c in completions],
+                            rows=[examples[c.prompt_index] for c in completions])
+    scores, _ = score_batch(reward_fn, [c.text for c in completions], truths, context)
     apply_env_rewards(scores, completions)
     records = []
     for c, s in zip(completions, scores):
@@ -177,7 +182,7 @@ def eval_blocks(examples: list[Example], prompt: PromptTemplate, tokenizer, per_
     """Question indices in blocks of the engine's chunk size, longest prompt first as the engine orders one call's
     prompts (a stable sort on the same ids): evaluating block by block decodes the very chunks one call over every
     question would, so the blocks an interrupted evaluation kept are what an uninterrupted one computes."""
-    lengths = [len(tokenizer(prompt.format(ex.question, tokenizer), add_special_tokens=False).input_ids)
+    lengths = [len(tokenizer(prompt.render(ex, tokenizer), add_special_tokens=False).input_ids)
                for ex in examples]
     order = sorted(range(len(examples)), key=lambda i: -lengths[i])
     return [order[c : c + per_block] for c in range(0, len(order), per_block)]
@@ -232,15 +237,13 @@ def run_eval(cfg: EvalConfig) -> dict:
     from rlvr.core.models import load_model
     from rlvr.engines.hf import HFEngine
     from rlvr.stages.run import RunInterrupted, StopRequests
-    from rlvr.tasks.datasets import load_split
-    from rlvr.tasks.prompts import get_prompt
-
     device = resolve(cfg.device, "device")  # before anything is loaded or written
     if cfg.grades_code:  # likewise a sandbox that cannot isolate programs
         cfg.sandbox.apply()
-    prompt = get_prompt(cfg.prompt)
-    examples = load_split(cfg, cfg.split, cfg.limit)
-    out = Path(cfg.out or f"runs/eval/{Path(cfg.model).name}-{cfg.prompt}-{cfg.split}")
+    task = load_task(cfg)
+    prompt, reward_fn = task.prompt, eval_reward_fn(cfg, task.prompt)
+    examples = task.split(cfg.split, cfg.limit)
+    out = Path(cfg.out or f"runs/eval/{Path(cfg.model).name}-{Path(cfg.prompt).stem}-{cfg.split}")
     partial = out / PARTIAL
     header = _partial_header(cfg, len(examples))
     kept = {}
@@ -275,7 +278,7 @@ def run_eval(cfg: EvalConfig) -> dict:
                     f"interrupted after {len(records) // cfg.samples} of {len(examples)} questions; they are kept in "
                     f"{partial}. Continue with: rlvr eval out={out} resume=true")
             part = evaluate(engine, [examples[i] for i in block], prompt, sampling, tokenizer=tokenizer,
-                            progress=bar.update, env=cfg.env)
+                            reward_fn=reward_fn, progress=bar.update, env=cfg.env)
             for r in part.records:
                 r["question_index"] = block[r["question_index"]]
             f.write(json.dumps({"block": number, "seconds": part.summary["seconds"], "records": part.records},

@@ -22,22 +22,24 @@ from rlvr.environments import environment_factory
 from rlvr.stages.episodes import apply_env_rewards, generate
 from rlvr.tasks.prompts import PromptTemplate
 from rlvr.tasks.records import DataOrder, Example
-from rlvr.tasks.rewards import combine_rewards, format_reward_fn, get_reward_fn, score_batch
+from rlvr.tasks.reward_base import RewardContext, score_batch
+from rlvr.tasks.task import build_reward_fn as task_reward_fn
+from rlvr.tasks.task import task_prompt
 from rlvr.tasks.scoring import rewards_and_metadata, soft_overlong_penalty
 
 
-def build_reward_fn(cfg: TrainConfig, prompt_reward: str):
-    """The prompt's reward, or a weighted combination such as {r1_zero: 1.0, format: 0.2} (seed 002). The
-    length term `overlong` is not a function of the text: `score_completions` adds it."""
-    if not cfg.rewards:
-        return get_reward_fn(prompt_reward)
-    parts = []
-    for name, weight in cfg.rewards.items():
-        if name == "overlong":
-            continue
-        fn = format_reward_fn(prompt_reward) if name == "format" else get_reward_fn(name)
-        parts.append((name, fn, weight))
-    return combine_rewards(parts)
+def build_reward_fn(cfg: TrainConfig, prompt_reward: str | None):
+    """The prompt's reward, or the weighted combination `rewards=` names: built-ins such as {r1_zero: 1.0,
+    format: 0.2} (seed 002) and a user's functions (rlvr.tasks.task). The length term `overlong` is not a
+    function of the text: `score_completions` adds it."""
+    return task_reward_fn(cfg, dataclasses.replace(task_prompt(cfg), reward=prompt_reward))
+
+
+def reward_context(rollouts: Rollouts, step: int | None = None) -> RewardContext:
+    """What a user's reward functions read of a rollout batch: prompts, sampled ids, rows, the step."""
+    return RewardContext(prompts=[rollouts.prompts[c.prompt_index] for c in rollouts.completions],
+                         completion_ids=[list(c.token_ids) for c in rollouts.completions],
+                         rows=[rollouts.questions[c.prompt_index] for c in rollouts.completions], step=step)
 
 
 @dataclasses.dataclass
@@ -96,7 +98,7 @@ def next_questions(train: list[Example], order: DataOrder, prompt: PromptTemplat
                    count: int | None = None):
     """The next `count` questions (default: a rollout batch's) and their prompts."""
     questions = [train[i] for i in order.take(count or cfg.rollout_batch_size // cfg.group_size)]
-    return questions, [prompt.format(q.question, tokenizer) for q in questions]
+    return questions, [prompt.render(q, tokenizer) for q in questions]
 
 
 def rollout_sampling(cfg: TrainConfig, prompt: PromptTemplate, step: int):
@@ -193,7 +195,7 @@ def score_completions(reward_fn, rollouts: Rollouts, cfg: TrainConfig) -> tuple[
     budget) on the sampled token counts, logged as `reward/overlong`. An episode (`env=`) counts the ids the
     model sampled, not the observations' (loss_mask), against the episode's budget (the environment's
     max_total_tokens, else max_new_tokens)."""
-    scores, grading = score_batch(reward_fn, rollouts.responses, rollouts.truths)
+    scores, grading = score_batch(reward_fn, rollouts.responses, rollouts.truths, reward_context(rollouts))
     apply_env_rewards(scores, rollouts.completions)
     weight = (cfg.rewards or {}).get("overlong")
     if weight:

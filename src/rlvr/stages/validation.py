@@ -18,6 +18,7 @@ from rlvr.engines.base import RolloutEngine
 from rlvr.stages.evaluation import evaluate
 from rlvr.tasks.prompts import PromptTemplate
 from rlvr.tasks.records import Example
+from rlvr.tasks.task import eval_reward_fn
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,8 @@ def validate(engine: RolloutEngine, policy, examples: list[Example], prompt: Pro
                                                           sampled=True)))
     metrics, results = {}, []
     for name, sampling in runs:
-        result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer, env=getattr(cfg, "env", None))
+        result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer, env=getattr(cfg, "env", None),
+                          reward_fn=eval_reward_fn(cfg, prompt))
         results.append(result)
         s = result.summary
         metrics.update({

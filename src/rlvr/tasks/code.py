@@ -148,7 +148,7 @@ def load_code_jsonl(
             raise DataError(f"{where}: field {solution_field!r} must be a string; got {type(solution).__name__}")
         tests = _read_tests(raw_tests, entry_point, f"{where}: field {tests_field!r}", entry_point_field)
         examples.append(Example(question.strip(), code_answer(tests, entry_point), solution or "",
-                                id=f"{path.stem}:{lineno}"))
+                                id=f"{path.stem}:{lineno}", fields=row))
     if not examples:
         raise DataError(f"{path}: no examples (the file is empty)")
     return examples

@@ -15,12 +15,18 @@ SPLITS = ("train", "validation", "test")
 
 @dataclasses.dataclass(frozen=True)
 class Example:
-    """One problem: the question, its final answer (a string the grader compares), a worked solution."""
+    """One problem: the question, its final answer (a string the grader compares, "" when the task's reward
+    needs none), a worked solution, and every column of the row it came from (`fields`: what a user's reward
+    functions and environments read). `conversation` is the row's prompt when it is a chat conversation (a
+    list of {role, content}), rendered with the tokenizer's chat template; `question` is then its last user
+    turn."""
 
     question: str
     answer: str
     solution: str = ""
     id: str = ""
+    fields: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    conversation: tuple | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 class DataError(ValueError):
@@ -145,7 +151,7 @@ def load_jsonl(
             answer, solution = raw_answer.strip(), ""
         if solution_field:
             solution = str(row[solution_field])
-        examples.append(Example(question.strip(), answer, solution, id=f"{path.stem}:{lineno}"))
+        examples.append(Example(question.strip(), answer, solution, id=f"{path.stem}:{lineno}", fields=row))
     if not examples:
         raise DataError(f"{path}: no examples (the file is empty)")
     return examples

@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import math
 import re
-import time
-from typing import Callable, Sequence
+from typing import Callable
 
 from rlvr.grading import (  # re-exported: the grading half of this module's interface
     configure_grading,
     extract_boxed,
     grade_answer,
-    grade_pairs,
     grading_stats,
     reset_grading_stats,
     shutdown_grading,
@@ -33,12 +31,19 @@ from rlvr.grading import (  # re-exported: the grading half of this module's int
 from rlvr.grading.code import extract_code, grade_programs
 from rlvr.grading.extract import as_text, last_outer_box
 from rlvr.grading.screen import unbox
-from rlvr.sandbox import sandbox_stats
 from rlvr.sandbox.records import SandboxLimits
 from rlvr.tasks.records import parse_gsm8k_answer  # re-exported: graders and tasks both read GSM8K answers
+from rlvr.tasks.reward_base import (  # re-exported: the shape of every reward function
+    RewardContext,
+    RewardFn,
+    Scores,
+    run_awaitables,
+    score_batch,
+)
 
 __all__ = [
     "REWARD_FNS",
+    "RewardContext",
     "RewardFn",
     "answer_tag_reward_fn",
     "code_tests_reward_fn",
@@ -56,51 +61,6 @@ __all__ = [
     "score_batch",
     "shutdown_grading",
 ]
-
-Scores = dict[str, float]
-
-# ----------------------------------------------------------------------------------------------------
-# Reward functions. Each is a RewardFn: call it on one response, or `score_batch` it on many.
-
-
-def _scores(format_ok: float, right: bool) -> Scores:
-    return {"reward": float(right), "format_reward": float(format_ok), "answer_reward": float(right)}
-
-
-class RewardFn:
-    """A reward function `fn(response, ground_truth) -> {"reward", "format_reward", "answer_reward"}`
-    that can also grade a batch in parallel (`fn.batch`). Subclasses say where the answer is (`extract`)."""
-
-    name = "reward"
-
-    def extract(self, response: str) -> tuple[float, str | None]:
-        """(format_reward, the answer to grade or None when there is none)."""
-        raise NotImplementedError
-
-    def plan(self, responses: list[str], ground_truths: list[str]):
-        """The (answer, ground truth) pairs to grade, and a function from their verdicts to the scores."""
-        extracted = []
-        for response in responses:
-            try:
-                extracted.append(self.extract(response))
-            except Exception:  # a bug here must cost one sample its reward, not the run
-                extracted.append((0.0, None))
-        pairs = [(a, g) for (_, a), g in zip(extracted, ground_truths) if a is not None]
-
-        def finish(verdicts: list[bool]) -> list[Scores]:
-            it = iter(verdicts)
-            return [_scores(f, a is not None and next(it)) for f, a in extracted]
-
-        return pairs, finish
-
-    def __call__(self, response: str, ground_truth: str) -> Scores:
-        return self.batch([response], [ground_truth])[0][0]
-
-    def batch(self, responses: Sequence[str], ground_truths: Sequence[str]) -> tuple[list[Scores], dict]:
-        return score_batch(self, responses, ground_truths)
-
-    def __repr__(self) -> str:
-        return f"<reward fn {self.name}>"
 
 
 class R1ZeroReward(RewardFn):
@@ -191,7 +151,7 @@ class FormatReward(RewardFn):
     def extract(self, response: str) -> tuple[float, str | None]:
         return self.base.extract(response)[0], None
 
-    def plan(self, responses, ground_truths):
+    def plan(self, responses, ground_truths, context=None):
         formats = []
         for response in responses:
             try:
@@ -208,12 +168,19 @@ class CombinedReward(RewardFn):
         self.components = components
         self.name = "+".join(name for name, _, _ in components)
 
-    def plan(self, responses, ground_truths):
+    def plan(self, responses, ground_truths, context=None):
+        context = context or RewardContext()
+        pending = [(fn, fn.start(responses, ground_truths, context)) for _, fn, _ in self.components
+                   if isinstance(fn, RewardFn)]
+        pending = [(fn, awaitable) for fn, awaitable in pending if awaitable is not None]
+        if pending:  # async functions (a remote judge) run concurrently, as TRL gathers them
+            for (fn, _), values in zip(pending, run_awaitables([a for _, a in pending])):
+                context.results[id(fn)] = values
         parts = []  # (name, weight, first pair index, pair count, finish) per component
         pairs: list[tuple[str, str]] = []
         for name, fn, weight in self.components:
             if isinstance(fn, RewardFn):
-                sub_pairs, finish = fn.plan(responses, ground_truths)
+                sub_pairs, finish = fn.plan(responses, ground_truths, context)
             else:  # a user's plain callable: no batch support, called one by one
                 done = [fn(r, g) for r, g in zip(responses, ground_truths)]
                 sub_pairs, finish = [], lambda _, done=done: done
@@ -230,12 +197,15 @@ class CombinedReward(RewardFn):
             out = []
             for k in range(len(responses)):
                 first = results[0][2][k]
+                # a function's None ("does not apply to this row", TRL's convention) leaves the weighted sum
                 row = {
-                    "reward": sum(w * float(scores[k]["reward"]) for _, w, scores in results),
-                    "format_reward": float(first["format_reward"]),
-                    "answer_reward": float(results[grader][2][k]["answer_reward"]),
+                    "reward": sum(w * float(scores[k]["reward"]) for _, w, scores in results
+                                  if scores[k]["reward"] is not None),
+                    "format_reward": float(first["format_reward"] or 0.0),
+                    "answer_reward": float(results[grader][2][k]["answer_reward"] or 0.0),
                 }
-                row.update({f"reward/{name}": float(scores[k]["reward"]) for name, _, scores in results})
+                row.update({f"reward/{name}": float(scores[k]["reward"]) for name, _, scores in results
+                            if scores[k]["reward"] is not None})
                 out.append(row)
             return out
 
@@ -301,7 +271,7 @@ class CodeTestsReward(RewardFn):
     def extract(self, response: str) -> tuple[float, str | None]:
         return extract_code(as_text(response), self.think)
 
-    def plan(self, responses, ground_truths):
+    def plan(self, responses, ground_truths, context=None):
         extracted = []
         for response in responses:
             try:
@@ -340,49 +310,12 @@ REWARD_FNS: dict[str, RewardFn] = {
 
 def get_reward_fn(name: str) -> RewardFn:
     """The built-in reward function of that name (a key of REWARD_FNS)."""
+    if name == "reasoning_gym":  # an extra: imported only when a run names it
+        from rlvr.tasks.reasoning_gym import reasoning_gym_reward
+
+        return reasoning_gym_reward()
     try:
         return REWARD_FNS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown reward function {name!r}; valid: {', '.join(sorted(REWARD_FNS))}") from None
-
-
-# ----------------------------------------------------------------------------------------------------
-# Scoring a batch of rollouts.
-
-
-def score_batch(
-    reward_fn: Callable[[str, str], Scores], responses: Sequence[str], ground_truths: Sequence[str]
-) -> tuple[list[Scores], dict]:
-    """Score many responses at once: the same dicts as calling `reward_fn` one by one, but the slow-path
-    gradings of a RewardFn run concurrently in the pool. A plain callable is called one by one.
-
-    Metadata: "grading/<count>" for the counts of `grading_stats` in this batch, and "grading/seconds".
-
-    >>> scores, meta = score_batch(r1_zero_reward_fn, [" </think> <answer> $72 </answer>", "72"], ["72", "72"])
-    >>> [s["reward"] for s in scores], meta["grading/fast_path"], meta["grading/slow_path"]
-    ([1.0, 0.0], 1, 0)
-    """
-    responses, ground_truths = list(responses), list(ground_truths)
-    if len(responses) != len(ground_truths):
-        raise ValueError(
-            f"score_batch: responses ({len(responses)}) and ground_truths ({len(ground_truths)}) differ in length"
-        )
-    responses = [as_text(r) for r in responses]
-    ground_truths = [as_text(g) for g in ground_truths]
-    start, ran_before = time.perf_counter(), sandbox_stats()
-    if isinstance(reward_fn, RewardFn):
-        pairs, finish = reward_fn.plan(responses, ground_truths)  # a code reward runs its programs here
-        verdicts, counts = grade_pairs(pairs)
-        scores = finish(verdicts)
-    else:
-        before = grading_stats()
-        scores = [reward_fn(r, g) for r, g in zip(responses, ground_truths)]
-        after = grading_stats()
-        counts = {key: after[key] - before[key] for key in after}
-    counts["seconds"] = time.perf_counter() - start
-    ran = {key: value - ran_before[key] for key, value in sandbox_stats().items()}
-    if ran["programs"]:  # programs run in the sandbox, by outcome (distinct programs: repeats run once)
-        counts.update({f"code_{key}": value for key, value in ran.items()})
-    return scores, {f"grading/{key}": value for key, value in counts.items()}
-
-
+        raise ValueError(f"unknown reward function {name!r}; valid: {', '.join(sorted(REWARD_FNS))}, "
+                         "reasoning_gym, or your own as path/to/file.py:function or package.module:function") from None

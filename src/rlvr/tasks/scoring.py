@@ -42,7 +42,10 @@ def rewards_and_metadata(scores: list[Scores], grading: dict) -> tuple:
     metadata: dict[str, float] = {}
     for key in keys:
         values = [float(s[key]) for s in scores if isinstance(s.get(key), (int, float))]
-        metadata[f"{key}_mean"] = sum(values) / len(values) if values else 0.0
+        mean = sum(values) / len(values) if values else 0.0
+        metadata[f"{key}_mean"] = mean
+        if key.startswith("reward/"):  # each term's spread too, as TRL logs rewards/<fn>/std (over rows it applies to)
+            metadata[f"{key}_std"] = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5 if values else 0.0
     metadata.update({key: float(value) for key, value in grading.items()})
     return raw_rewards, metadata
 

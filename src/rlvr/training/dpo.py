@@ -28,11 +28,11 @@ from rlvr.core import checkpoint as ckpt
 from rlvr.core.devices import input_device
 from rlvr.engines.base import SamplingParams
 from rlvr.stages.validation import validate
-from rlvr.tasks.datasets import load_split
-from rlvr.tasks.prompts import PromptTemplate, get_prompt
+from rlvr.tasks.prompts import PromptTemplate
 from rlvr.tasks.records import DataError, DataOrder, Example, jsonl_rows
-from rlvr.tasks.rewards import get_reward_fn, score_batch
+from rlvr.tasks.reward_base import RewardContext, score_batch
 from rlvr.tasks.scoring import rewards_and_metadata
+from rlvr.tasks.task import eval_reward_fn, load_task
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,10 @@ class Pair:
     # have text only, which is tokenised
     chosen_ids: tuple[int, ...] | None = None
     rejected_ids: tuple[int, ...] | None = None
+    example: Example | None = None  # the row a sampled pair came from: its prompt is rendered from all its columns
+
+    def prompt(self, template: PromptTemplate, tokenizer) -> str:
+        return template.render(self.example, tokenizer) if self.example else template.format(self.question, tokenizer)
 
     def response(self, side: str) -> str | tuple[int, ...]:
         ids = self.chosen_ids if side == "chosen" else self.rejected_ids
@@ -74,9 +78,13 @@ def rollout_pairs(engine, questions: list[Example], prompt: PromptTemplate, rewa
     """Sample `group_size` answers per question, grade them, and pair right answers with wrong ones."""
     sampling = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, stop=prompt.stop,
                               n=cfg.group_size, seed=cfg.seed * 1_000_003 + step)
-    completions = engine.generate([prompt.format(q.question, tokenizer) for q in questions], sampling)
+    prompts = [prompt.render(q, tokenizer) for q in questions]
+    completions = engine.generate(prompts, sampling)
     truths = [questions[c.prompt_index].answer for c in completions]
-    scores, grading = score_batch(reward_fn, [c.text for c in completions], truths)
+    context = RewardContext(prompts=[prompts[c.prompt_index] for c in completions], step=step,
+                            completion_ids=[list(c.token_ids) for c in completions],
+                            rows=[questions[c.prompt_index] for c in completions])
+    scores, grading = score_batch(reward_fn, [c.text for c in completions], truths, context)
     _, meta = rewards_and_metadata(scores, grading)
     right: dict[int, dict[str, tuple[int, ...]]] = {}
     wrong: dict[int, dict[str, tuple[int, ...]]] = {}
@@ -87,7 +95,7 @@ def rollout_pairs(engine, questions: list[Example], prompt: PromptTemplate, rewa
     for i, q in enumerate(questions):
         for (chosen, c_ids), (rejected, r_ids) in list(zip(right.get(i, {}).items(),
                                                             wrong.get(i, {}).items()))[: cfg.pairs_per_question]:
-            pairs.append(Pair(q.question, chosen, rejected, id=q.id, chosen_ids=c_ids, rejected_ids=r_ids))
+            pairs.append(Pair(q.question, chosen, rejected, id=q.id, chosen_ids=c_ids, rejected_ids=r_ids, example=q))
     metrics = {"train/reward": meta["reward_mean"], "train/answer_reward": meta["answer_reward_mean"],
                "train/format_reward": meta["format_reward_mean"], "train/pairs": len(pairs),
                "train/questions_with_pair": len({p.id for p in pairs}) / len(questions),
@@ -109,7 +117,7 @@ def _sequence_log_probs(model, prompts: list[str], responses: list, tokenizer, c
 
 def _reference_log_probs(reference, model, pairs: list[Pair], prompt, tokenizer, cfg: DPOConfig):
     """(chosen, rejected) summed log-probs under the frozen reference, (P,) each."""
-    prompts = [prompt.format(p.question, tokenizer) for p in pairs]
+    prompts = [p.prompt(prompt, tokenizer) for p in pairs]
     scorer = model if reference is None else reference
     # LoRA: the adapter-free base is the reference
     base = model.disable_adapter() if reference is None else contextlib.nullcontext()
@@ -133,7 +141,7 @@ def dpo_update(model, optimizer, reference, pairs: list[Pair], prompt, tokenizer
     per_mb = max(1, cfg.microbatch_size // 2)
     for m in range(0, len(pairs), per_mb):
         mb = pairs[m : m + per_mb]
-        prompts = [prompt.format(p.question, tokenizer) for p in mb]
+        prompts = [p.prompt(prompt, tokenizer) for p in mb]
         responses = [p.response("chosen") for p in mb] + [p.response("rejected") for p in mb]
         logps = _sequence_log_probs(model, prompts + prompts, responses, tokenizer, cfg)
         chosen, rejected = logps[: len(mb)], logps[len(mb):]
@@ -169,11 +177,11 @@ def train_dpo(cfg: DPOConfig) -> dict:
     run_dir = stages.start_run(cfg)
     cfg = stages.native_precision(cfg, where)
     ckpt.seed_everything(cfg.seed)
-    prompt = get_prompt(cfg.prompt)
-    reward_fn = get_reward_fn(prompt.reward)
+    task = load_task(cfg)
+    prompt, reward_fn = task.prompt, eval_reward_fn(cfg, task.prompt)
     from_rollouts = cfg.pairs == "rollouts"
-    source = load_split(cfg, "train", cfg.train_limit) if from_rollouts else load_pairs(cfg.pairs)
-    val = load_split(cfg, "validation", cfg.eval_limit)
+    source = task.split("train", cfg.train_limit) if from_rollouts else load_pairs(cfg.pairs)
+    val = task.split("validation", cfg.eval_limit)
     model, tokenizer, state = stages.load_policy(cfg, run_dir, where.policy)
     reference = _frozen_reference(cfg, where.reference)
     optimizer, scheduler = stages.build_optimizer(model, cfg, cfg.steps)

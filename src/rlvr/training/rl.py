@@ -24,9 +24,8 @@ from rlvr.config import TrainConfig
 from rlvr.core import checkpoint as ckpt
 from rlvr.core.models import load_model
 from rlvr.engines.hf import HFEngine
-from rlvr.tasks.datasets import load_split
-from rlvr.tasks.prompts import get_prompt
 from rlvr.tasks.records import DataOrder
+from rlvr.tasks.task import load_task
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +40,14 @@ def train_grpo(cfg: TrainConfig) -> dict:
         return train_distributed(cfg)
     where = stages.placement(cfg)  # a device this machine lacks stops the run here, before anything is written
     ckpt.seed_everything(cfg.seed)
-    prompt, spec = get_prompt(cfg.prompt), cfg.estimator
-    train = load_split(cfg, "train", cfg.train_limit)
-    val = load_split(cfg, "validation", cfg.eval_limit)
+    task, spec = load_task(cfg), cfg.estimator  # rows + prompt + reward, a built-in task's or a user's
+    prompt, train, val = task.prompt, task.split("train", cfg.train_limit), task.split("validation", cfg.eval_limit)
     run_dir = stages.start_run(cfg)  # (after the data's checks: a run that cannot start leaves no directory behind)
     cfg = stages.native_precision(cfg, where)
     reward_fn = stages.build_reward_fn(cfg, prompt.reward)
     model, tokenizer, state = stages.load_policy(cfg, run_dir, where.policy)
+    if state is None:  # a reward that cannot tell a right answer from none: said now, not after hours
+        stages.warn_unlearnable(task, train, tokenizer)
     optimizer, scheduler = stages.build_optimizer(model, cfg, cfg.steps * spec.steps_per_rollout)
     reference = stages.reference_model(cfg, where.reference)
     teacher = stages.teacher_model(cfg, tokenizer, where.teacher)
@@ -128,7 +128,7 @@ def evaluate_finished(cfg: TrainConfig, final: Path) -> dict:
     model, tokenizer = load_model(str(final), device=where.eval)
     engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size, dtype=cfg.generation_dtype,
                       prefix_cache_mib=cfg.env_cache_mib)
-    val = load_split(cfg, "validation", cfg.eval_limit)
-    metrics, _ = stages.validate(engine, model, val, get_prompt(cfg.prompt), tokenizer, cfg)
+    task = load_task(cfg)
+    metrics, _ = stages.validate(engine, model, task.split("validation", cfg.eval_limit), task.prompt, tokenizer, cfg)
     log.info("finished model: %s", ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
     return {**metrics, "final": str(final), "already_finished": True}

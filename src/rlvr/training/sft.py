@@ -27,8 +27,7 @@ from rlvr.config import SFTConfig
 from rlvr.core import checkpoint as ckpt
 from rlvr.environments import environment_factory
 from rlvr.stages.validation import validate
-from rlvr.tasks.datasets import load_split
-from rlvr.tasks.prompts import get_prompt
+from rlvr.tasks.task import load_task
 from rlvr.tasks.records import DataOrder
 
 log = logging.getLogger(__name__)
@@ -60,9 +59,8 @@ def train_sft(cfg: SFTConfig) -> dict:
         return {"final": str(done), "already_finished": True}
     where = stages.placement(cfg)  # a device this machine lacks stops the run here, before anything is written
     ckpt.seed_everything(cfg.seed)
-    prompt = get_prompt(cfg.prompt)
-    train = load_split(cfg, "train", cfg.train_limit)
-    val = load_split(cfg, "validation", cfg.eval_limit)
+    task = load_task(cfg)
+    prompt, train, val = task.prompt, task.split("train", cfg.train_limit), task.split("validation", cfg.eval_limit)
     env = environment_factory(cfg.env) if cfg.env else None
     annotations = env is not None and env.sft_annotations
     for ex in train:  # an example without a target (a code row without a solution) fails before the model loads
@@ -91,7 +89,7 @@ def train_sft(cfg: SFTConfig) -> dict:
             loss_total, tokens, nll = 0.0, 0, 0.0
             for m in range(0, cfg.batch_size, cfg.microbatch_size):
                 micro = batch[m : m + cfg.microbatch_size]
-                prompts = [prompt.format(ex.question, tokenizer) for ex in micro]
+                prompts = [prompt.render(ex, tokenizer) for ex in micro]
                 if env is None:
                     tok = tokenize_prompt_and_output(prompts, [prompt.sft_response(ex) for ex in micro], tokenizer)
                 else:

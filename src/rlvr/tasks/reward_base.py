@@ -1,0 +1,136 @@
+"""The shape every reward function has (`RewardFn`, what it may read: `RewardContext`) and scoring a batch
+with one (`score_batch`): the slow-path answers of a batch are graded together in the pool, async user
+functions awaited together. The named reward functions are in rlvr.tasks.rewards, a user's in
+rlvr.tasks.user_rewards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Callable, Sequence
+
+from rlvr.grading import grade_pairs, grading_stats
+from rlvr.grading.extract import as_text
+from rlvr.sandbox import sandbox_stats
+
+Scores = dict[str, float]
+
+
+def scores_of(format_ok: float, right: bool) -> Scores:
+    return {"reward": float(right), "format_reward": float(format_ok), "answer_reward": float(right)}
+
+
+@dataclasses.dataclass
+class RewardContext:
+    """What a batch's reward functions may read beside the responses and ground truths: the rendered prompts,
+    the sampled ids, the rows (Examples, with every column in `fields`) and the training step (None outside
+    training). `results` holds what async functions computed concurrently before `plan` runs."""
+
+    prompts: list | None = None
+    completion_ids: list | None = None
+    rows: list | None = None
+    step: int | None = None
+    results: dict = dataclasses.field(default_factory=dict)
+
+
+class RewardFn:
+    """A reward function `fn(response, ground_truth) -> {"reward", "format_reward", "answer_reward"}`
+    that can also grade a batch in parallel (`fn.batch`). Subclasses say where the answer is (`extract`)."""
+
+    name = "reward"
+
+    def extract(self, response: str) -> tuple[float, str | None]:
+        """(format_reward, the answer to grade or None when there is none)."""
+        raise NotImplementedError
+
+    def start(self, responses: list[str], ground_truths: list[str], context: RewardContext):
+        """An awaitable that computes this function's values for the batch (async user functions), or None; a
+        combination awaits every component's together and leaves each result in `context.results`."""
+        return None
+
+    def plan(self, responses: list[str], ground_truths: list[str], context: RewardContext | None = None):
+        """The (answer, ground truth) pairs to grade, and a function from their verdicts to the scores."""
+        extracted = []
+        for response in responses:
+            try:
+                extracted.append(self.extract(response))
+            except Exception:  # a bug here must cost one sample its reward, not the run
+                extracted.append((0.0, None))
+        pairs = [(a, g) for (_, a), g in zip(extracted, ground_truths) if a is not None]
+
+        def finish(verdicts: list[bool]) -> list[Scores]:
+            it = iter(verdicts)
+            return [scores_of(f, a is not None and next(it)) for f, a in extracted]
+
+        return pairs, finish
+
+    def __call__(self, response: str, ground_truth: str) -> Scores:
+        return self.batch([response], [ground_truth])[0][0]
+
+    def batch(self, responses: Sequence[str], ground_truths: Sequence[str]) -> tuple[list[Scores], dict]:
+        return score_batch(self, responses, ground_truths)
+
+    def __repr__(self) -> str:
+        return f"<reward fn {self.name}>"
+
+
+def run_awaitables(awaitables: list) -> list:
+    """The results of awaitables run concurrently, from synchronous code (in a thread of its own when this
+    thread already runs an event loop: a notebook, an async caller)."""
+    async def gather():
+        return await asyncio.gather(*awaitables)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(gather())
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, gather()).result()
+
+
+def score_batch(
+    reward_fn: Callable[[str, str], Scores], responses: Sequence[str], ground_truths: Sequence[str],
+    context: RewardContext | None = None,
+) -> tuple[list[Scores], dict]:
+    """Score many responses at once: the same dicts as calling `reward_fn` one by one, but the slow-path
+    gradings of a RewardFn run concurrently in the pool. A plain callable is called one by one.
+
+    `context`: the prompts, sampled ids, rows and step, which a user's reward functions read (rlvr.tasks.user_rewards).
+    Metadata: "grading/<count>" for the counts of `grading_stats` in this batch, and "grading/seconds".
+
+    >>> from rlvr.tasks.rewards import r1_zero_reward_fn
+    >>> scores, meta = score_batch(r1_zero_reward_fn, [" </think> <answer> $72 </answer>", "72"], ["72", "72"])
+    >>> [s["reward"] for s in scores], meta["grading/fast_path"], meta["grading/slow_path"]
+    ([1.0, 0.0], 1, 0)
+    """
+    responses, ground_truths = list(responses), list(ground_truths)
+    if len(responses) != len(ground_truths):
+        raise ValueError(
+            f"score_batch: responses ({len(responses)}) and ground_truths ({len(ground_truths)}) differ in length"
+        )
+    responses = [as_text(r) for r in responses]
+    ground_truths = [as_text(g) for g in ground_truths]
+    start, ran_before = time.perf_counter(), sandbox_stats()
+    if isinstance(reward_fn, RewardFn):
+        context = context or RewardContext()
+        awaitable = reward_fn.start(responses, ground_truths, context)
+        if awaitable is not None:
+            context.results[id(reward_fn)] = run_awaitables([awaitable])[0]
+        pairs, finish = reward_fn.plan(responses, ground_truths, context)  # a code reward runs its programs here
+        verdicts, counts = grade_pairs(pairs)
+        # a user's function alone that says None ("does not apply") gives no reward: 0, as TRL's sum over one
+        scores = [{k: (0.0 if v is None else v) for k, v in s.items()} for s in finish(verdicts)]
+    else:
+        before = grading_stats()
+        scores = [reward_fn(r, g) for r, g in zip(responses, ground_truths)]
+        after = grading_stats()
+        counts = {key: after[key] - before[key] for key in after}
+    counts["seconds"] = time.perf_counter() - start
+    ran = {key: value - ran_before[key] for key, value in sandbox_stats().items()}
+    if ran["programs"]:  # programs run in the sandbox, by outcome (distinct programs: repeats run once)
+        counts.update({f"code_{key}": value for key, value in ran.items()})
+    return scores, {f"grading/{key}": value for key, value in counts.items()}
