@@ -327,3 +327,34 @@ def test_a_cgroup_v2_hierarchy_is_used_as_v1_is(tmp_path, monkeypatch):
     assert group.cpu_seconds() == 2.5 and group.oom_killed()
     group.add(4242)
     assert (where / "cgroup.procs").read_text() == "4242"
+
+
+def test_a_sandbox_its_cgroup_cannot_take_never_runs(monkeypatch):
+    """Fail closed: where cgroups are in force and the judge cannot be put in its group, the program never
+    starts (it would run without its bounds); the sandbox is stopped, nothing of it is left."""
+    if not cgroups.in_force():
+        pytest.skip("cgroups are not in force here")
+    import rlvr.sandbox as sandbox
+    from rlvr.sandbox import Check, Job
+
+    def refuse(self, pid):
+        raise OSError(28, "No space left on device")
+
+    sandbox.require()  # probed with its cgroup (a probe that cannot place it refuses to grade at all)
+    monkeypatch.setattr(cgroups.Group, "add", refuse)
+    marker = f"/tmp/rlvr-ran-{os.getpid()}"
+    result = sandbox.run_program(Job(f"open({marker!r}, 'w').close()\ndef f():\n    return 1\n", (Check("f()"),)))
+    assert result.status == "crashed" and "could not put the sandbox in its cgroup" in result.error
+    assert result.values == [None] and not os.path.exists(marker)  # /tmp is not the sandbox's: a second guard
+    assert not _children()  # bubblewrap reaped, and its judge by it
+
+
+def _children() -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[1]) == os.getpid():
+                out.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
