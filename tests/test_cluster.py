@@ -252,6 +252,51 @@ def test_a_file_estimator_travels_to_nodes_that_do_not_have_it(tmp_path, model_d
     assert run.stdout.split()[-1] == cfg.estimator.advantage == "rloo"
 
 
+_SHIPPED_REWARD = """
+import json, sys
+import ray
+from rlvr.config import TrainConfig
+from rlvr.tasks.records import Example
+from rlvr.tasks.reward_base import RewardContext, score_batch
+from rlvr.tasks.task import build_reward_fn, task_prompt
+env, payload, elsewhere = json.loads(sys.argv[1])
+ray.init(num_cpus=1, include_dashboard=False, runtime_env=env)
+
+@ray.remote
+def score(payload):  # a worker without the reward file's directory: it imports the shipped copy
+    assert elsewhere not in sys.path
+    cfg = TrainConfig.model_validate(payload)
+    fn = build_reward_fn(cfg, task_prompt(cfg))
+    rows = [Example("q", "4", fields={"word": "cat"})]
+    return score_batch(fn, ["tac"], ["4"], RewardContext(prompts=["q"], rows=rows))[0][0]["reward"]
+
+print(ray.get(score.remote(payload), timeout=120))
+"""
+
+
+def test_a_reward_file_travels_to_nodes_that_do_not_have_it(tmp_path, model_dir):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from rlvr.core.imports import file_module_name
+
+    rewards = tmp_path / "elsewhere" / "rewards.py"
+    rewards.parent.mkdir()
+    rewards.write_text("def backwards(completions, word, **kw):\n"
+                       "    return [float(c == w[::-1]) for c, w in zip(completions, word)]\n")
+    cfg = placement.absolute_paths(_cfg(model_dir, tmp_path / "run", prompt="row", **{
+        "distributed.rollout_workers": 1, "rewards": {f"{rewards}:backwards": 1.0}}))
+    env, payload = placement.shipped(cfg)
+    name = file_module_name(rewards, "rewards")
+    assert payload["rewards"] == {f"{name}:backwards": 1.0} and Path(env["py_modules"][-1]).name == f"{name}.py"
+    run = subprocess.run([sys.executable, "-c", _SHIPPED_REWARD, json.dumps([env, payload, str(rewards.parent)])],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-1] == "1.0"
+
+
 def test_a_weight_broadcast_over_nodes_that_differ_in_native_bf16_agrees_on_one_dtype(tmp_path, model_dir,
                                                                                       monkeypatch):
     class Worker(roles.RolloutWorker):  # defined here: Ray ships a local class by value

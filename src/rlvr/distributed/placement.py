@@ -59,8 +59,8 @@ def check_model_here(cfg: TrainConfig, who: str) -> None:
 
 
 def absolute_paths(cfg: TrainConfig) -> TrainConfig:
-    """`out`, and `model` / `teacher` / a file estimator when they name local paths, made absolute on the driver:
-    Ray actors do not start in the driver's directory."""
+    """`out`, and `model` / `teacher` / a file estimator / reward files when they name local paths, made absolute
+    on the driver: Ray actors do not start in the driver's directory."""
     update = {"out": str(Path(cfg.out).resolve())}
     for field in ("model", "teacher"):
         value = getattr(cfg, field, None)
@@ -69,14 +69,17 @@ def absolute_paths(cfg: TrainConfig) -> TrainConfig:
     path, sep, attr = cfg.algorithm.rpartition(":")
     if sep and path.endswith(".py") and Path(path).exists():
         update["algorithm"] = f"{Path(path).resolve()}:{attr}"
+    if cfg.rewards:  # a user's reward files (validation on the workers grades with them)
+        update["rewards"] = {(f"{Path(p).resolve()}:{a}" if _is_file_ref(k) else k): w
+                             for k, w in cfg.rewards.items() for p, _, a in [k.rpartition(":")]}
     return cfg.model_copy(update=update)
 
 
 def user_files(cfg: TrainConfig) -> list[tuple[str, str]]:
     """(field, reference) for each `path/to/file.py:attr` in `cfg` that the actors import, with the `field`
     rlvr.core.imports.import_target is called with for it: the files `shipped` sends. A new kind of user file
-    (a reward function's, say) adds its references here."""
-    refs = [("algorithm", cfg.algorithm)]
+    (a reward function's: `rewards={file.py:fn: w}`) adds its references here."""
+    refs = [("algorithm", cfg.algorithm)] + [("rewards", name) for name in cfg.rewards or {}]
     return [(field, ref) for field, ref in refs if _is_file_ref(ref)]
 
 

@@ -21,7 +21,6 @@ signature fails when the config is checked, before any model is loaded.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -30,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from rlvr.core.imports import file_module_name
 from rlvr.tasks.reward_base import RewardContext, RewardFn, Scores
 
 USER_REWARDS: dict[str, Callable] = {}  # name -> callable handed over in Python (rlvr.train(reward_funcs=...))
@@ -59,8 +59,9 @@ def reward_label(name: str) -> str:
 
 
 def _load_file(path: Path):
-    # a module name unique to the file's path, so two reward files both called rewards.py do not collide
-    key = "rlvr_user_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    # one name per file in every process (rlvr.core.imports): two rewards.py do not collide, and a distributed run
+    # ships the file to Ray actors under this name (rlvr.distributed.placement), where it is `package.module:fn`
+    key = file_module_name(path, "rewards")
     if key in sys.modules:
         return sys.modules[key]
     spec = importlib.util.spec_from_file_location(key, path)
