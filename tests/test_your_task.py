@@ -401,3 +401,49 @@ def test_build_reward_fn_names_terms_by_function(rewards_file, data):
                                               "rewards": {f"{rewards_file}:short_answer": 1.0, "answer_tag": 1.0}})
     fn = build_reward_fn(cfg, task_prompt(cfg))
     assert [name for name, _, _ in fn.components] == ["short_answer", "answer_tag"]
+
+
+def test_the_worked_example_trains_two_steps(tmp_path, model_dir, monkeypatch):
+    """examples/your_task as shipped (its rows, rewards file and config), on the tiny model: two steps log both of
+    its reward terms, and check-task finds its reward able to tell the reference from nothing."""
+    from pathlib import Path
+
+    from rlvr.stages.check import check_task
+    from rlvr.training import rl
+
+    root = Path(__file__).resolve().parents[1]
+    example = root / "examples" / "your_task"
+    monkeypatch.chdir(root)  # the config's paths are relative to a checkout
+    overrides = dict(model=str(model_dir), out=str(tmp_path / "run"), steps=2, rollout_batch_size=8, group_size=4,
+                     max_new_tokens=8, eval_every=0, eval_at_start=False, eval_at_end=False, precision="fp32",
+                     generation_dtype="float32", tensorboard=False)
+    tokenizer_dir = model_dir  # the tiny tokenizer has no chat template: the example's chat rendering is tested
+    from transformers import AutoTokenizer  # with one set on a copy of it
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(model_dir)
+    cfg = load_config(TrainConfig, example / "config.yaml", overrides)
+    assert cfg.prompt == "row" and cfg.chat_template
+    report = check_task(load_task(cfg), tokenizer=tok, n=4)
+    assert report.warnings == [] and [s["reward"] for s in report.reference] == [1.2] * 4
+    rl.train_grpo(cfg)
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert {"train/reward/sorted_list", "train/reward/same_numbers"} <= set(rows[0])
+
+
+def test_sft_trains_on_a_user_tasks_solution_column(tmp_path, model_dir, data):
+    from rlvr.config import SFTConfig
+    from rlvr.training.sft import train_sft
+
+    cfg = load_config(SFTConfig, overrides=dict(
+        model=str(model_dir), dataset=data, prompt="row", solution_field="answer", out=str(tmp_path / "sft"),
+        rewards={"answer_tag": 1.0}, steps=2, batch_size=4, microbatch_size=2, eval_every=0, eval_at_start=False,
+        generation_dtype="float32", precision="fp32", tensorboard=False))
+    train_sft(cfg)
+    rows = read_jsonl(tmp_path / "sft" / "metrics.jsonl")
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2]
+    with pytest.raises(ConfigError, match="has no SFT target"):
+        train_sft(load_config(SFTConfig, overrides=dict(model=str(model_dir), dataset=data, prompt="row",
+                                                        rewards={"answer_tag": 1.0}, out=str(tmp_path / "x"))))

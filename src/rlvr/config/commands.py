@@ -69,8 +69,12 @@ class SFTConfig(TrainingFields):
         check_eval_sampling(self)
         if self.batch_size % self.microbatch_size:
             raise ValueError(f"batch_size={self.batch_size} is not a multiple of microbatch_size={self.microbatch_size}")
-        if self.prompt not in SFT_PROMPTS:
-            raise ValueError(f"prompt={self.prompt!r} has no SFT target; SFT takes prompt=r1_zero or "
+        from rlvr.tasks.prompts import PROMPTS
+
+        user_prompt = self.prompt not in PROMPTS and self.prompt != "reasoning_gym"  # row, a template file
+        if self.prompt not in SFT_PROMPTS and not (user_prompt and self.solution_field):
+            raise ValueError(f"prompt={self.prompt!r} has no SFT target (a prompt of your own trains on the rows' "
+                             "solution_field column); SFT takes prompt=r1_zero or "
                              "r1_zero_three_shot (math datasets), code or code_chat (code datasets)")
         return self
 
