@@ -73,9 +73,9 @@ class SFTConfig(TrainingFields):
 
         user_prompt = self.prompt not in PROMPTS and self.prompt != "reasoning_gym"  # row, a template file
         if self.prompt not in SFT_PROMPTS and not (user_prompt and self.solution_field):
-            raise ValueError(f"prompt={self.prompt!r} has no SFT target (a prompt of your own trains on the rows' "
-                             "solution_field column); SFT takes prompt=r1_zero or "
-                             "r1_zero_three_shot (math datasets), code or code_chat (code datasets)")
+            raise ValueError(f"prompt={self.prompt!r} has no SFT target; SFT takes prompt=r1_zero or "
+                             "r1_zero_three_shot (math datasets), code or code_chat (code datasets), or a prompt of "
+                             "your own (row, a template file) with solution_field naming the rows' target column")
         return self
 
 
