@@ -1,19 +1,18 @@
-"""The rewards of the sorting task, one in each signature rlvr takes (docs/your_task.md)."""
+"""The rewards of the largest-number task, one in each signature rlvr takes (docs/your_task.md)."""
 
 import re
 
 
-def _numbers(text: str) -> list[int]:
-    # the answer is the first line the model writes; any number-like tokens on it, in order
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return [int(x) for x in re.findall(r"-?\d+", first)]
+def _first_number(text: str) -> int | None:
+    found = re.search(r"-?\d+", text)
+    return int(found.group()) if found else None
 
 
-def sorted_list(completions, numbers, **kwargs):
-    """TRL's signature: 1 when the first line is the row's numbers in ascending order, else 0."""
-    return [1.0 if _numbers(c) == sorted(n) else 0.0 for c, n in zip(completions, numbers)]
+def largest(completions, numbers, **kwargs):
+    """TRL's signature: 1 when the first number the model writes is the row's largest, else 0."""
+    return [1.0 if _first_number(c) == max(n) else 0.0 for c, n in zip(completions, numbers)]
 
 
-def same_numbers(response, ground_truth, numbers, **row):
-    """rlvr's signature: 1 when the first line holds exactly the row's numbers, in any order (a format term)."""
-    return 1.0 if sorted(_numbers(response)) == sorted(numbers) else 0.0
+def brief(response, ground_truth, **row):
+    """rlvr's signature: 1 for an answer of at most five words (the prompt asks for the number only)."""
+    return 1.0 if 0 < len(response.split()) <= 5 else 0.0

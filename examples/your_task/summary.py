@@ -1,10 +1,10 @@
-"""The numbers and the figure of examples/your_task/README.md, from the runs of run_seeds.sh (runs/your_task/s*)
+"""The numbers and the figure of examples/your_task/README.md, from the runs of run_seeds.sh (runs/your_task_largest/s*:
+OUT=runs/your_task_largest bash examples/your_task/run_seeds.sh)
 and, when present, the reasoning-gym runs (runs/rg: the prompting baseline and after GRPO, evaluated on the same
 test questions). Usage: .venv/bin/python examples/your_task/summary.py [--runs runs] [--figure path.png]
 
 Each seed's validation is greedy on the same 100 held-out rows at steps 0, 10 and 20; `val/accuracy` is the mean
-total reward (sorted_list + 0.2 x same_numbers) and `val/format_rate` the first term's mean, the share sorted
-right. Intervals: 95 % t over seeds (rlvr.experiments.stats.spread); for the reasoning-gym evaluations a paired
+total reward (largest + 0.1 x brief) and `val/format_rate` the first term's mean, the share answered right. Intervals: 95 % t over seeds (rlvr.experiments.stats.spread); for the reasoning-gym evaluations a paired
 t-interval of the per-question difference.
 """
 
@@ -25,10 +25,10 @@ def _fmt(values):
 
 
 def seeds(root: Path):
-    runs = sorted(p for p in (root / "your_task").glob("s*") if (p / "metrics.jsonl").is_file())
+    runs = sorted(p for p in (root / "your_task_largest").glob("s*") if (p / "metrics.jsonl").is_file())
     rows = {p.name: read_jsonl(p / "metrics.jsonl") for p in runs}
     print(f"examples/your_task: {len(rows)} seeds ({', '.join(rows)})")
-    for key, label in (("val/accuracy", "validation mean reward"), ("val/format_rate", "validation sorted right")):
+    for key, label in (("val/accuracy", "validation mean reward"), ("val/format_rate", "validation right")):
         start = [next(r[key] for r in m if r["step"] == 0 and key in r) for m in rows.values()]
         end = [max((r for r in m if key in r), key=lambda r: r["step"])[key] for m in rows.values()]
         diff = [b - a for a, b in zip(start, end)]
@@ -50,14 +50,14 @@ def figure(rows: dict, path: Path) -> None:
     for name, m in rows.items():
         train = [(r["step"], r["train/reward"]) for r in m if "train/reward" in r]
         a.plot(*zip(*train), alpha=0.8, label=f"seed {name[1:]}")
-        sorted_right = [(r["step"], r["train/reward/sorted_list"]) for r in m if "train/reward/sorted_list" in r]
-        a.plot(*zip(*sorted_right), alpha=0.8, linestyle=":", color=a.lines[-1].get_color())
+        right = [(r["step"], r["train/reward/largest"]) for r in m if "train/reward/largest" in r]
+        a.plot(*zip(*right), alpha=0.8, linestyle=":", color=a.lines[-1].get_color())
         val = [(r["step"], r["val/accuracy"]) for r in m if "val/accuracy" in r]
         b.plot(*zip(*val), marker="o", label=f"seed {name[1:]}: mean reward")
         val = [(r["step"], r["val/format_rate"]) for r in m if "val/format_rate" in r]
         b.plot(*zip(*val), marker="x", linestyle=":", color=b.lines[-1].get_color())
-    a.set(title="training reward (solid: total; dotted: sorted_list)", xlabel="step", ylabel="reward")
-    b.set(title="validation, greedy, 100 rows (dotted: sorted right)", xlabel="step")
+    a.set(title="training reward (solid: total; dotted: largest)", xlabel="step", ylabel="reward")
+    b.set(title="validation, greedy, 100 rows (dotted: right)", xlabel="step")
     a.legend(fontsize=8)
     b.legend(fontsize=8)
     fig.tight_layout()
