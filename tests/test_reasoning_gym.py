@@ -301,3 +301,15 @@ def test_rlvr_eval_gives_the_prompting_baseline_of_a_task(tmp_path, tiny_model, 
     assert summary["accuracy"] == pytest.approx((1.0 + partial) / 4)
     assert (summary["answer_rate"], summary["format_rate"], summary["n"]) == (0.25, 0.75, 4)
     assert summary["dataset"] == f"{LEGS}:size=4"
+
+
+def test_a_prompt_that_opens_the_answer_tag_counts_as_the_responses():
+    from rlvr.tasks.reward_base import RewardContext, score_batch
+    from rlvr.tasks.reasoning_gym import reasoning_gym_reward, reasoning_gym_rows
+
+    rows = reasoning_gym_rows("reasoning_gym:chain_sum:size=1", "train") * 3  # 24 - 63 = -39
+    prompts = ["... assistant\n<answer>", "... assistant\n<answer>", "no tag opened"]
+    scores, _ = score_batch(reasoning_gym_reward(), ["-39</answer>", "<answer>-39</answer>", "-39</answer>"],
+                            [r.answer for r in rows], RewardContext(prompts=prompts, rows=rows))
+    assert [s["reward"] for s in scores] == [1.0, 1.0, 0.0]
+    assert [s["format_reward"] for s in scores] == [1.0, 1.0, 0.0]

@@ -66,15 +66,16 @@ def figure(rows: dict, path: Path) -> None:
     print(f"  wrote {path}")
 
 
-def reasoning_gym(root: Path) -> None:
-    base, after = root / "rg" / "base" / "results.jsonl", root / "rg" / "after" / "results.jsonl"
+def reasoning_gym(root: Path, name: str, what: str) -> None:
+    base, after = root / name / "base" / "results.jsonl", root / name / "after" / "results.jsonl"
     if not (base.is_file() and after.is_file()):
         return
     a = {r["question_index"]: r for r in map(json.loads, base.open())}
     b = {r["question_index"]: r for r in map(json.loads, after.open())}
     common = sorted(set(a) & set(b))
-    print(f"reasoning_gym:chain_sum, greedy, {len(common)} test questions, base model vs after 20 GRPO steps (seed 0)")
-    for key, label in (("reward", "mean score_answer + 0.2 x tags"), ("answer_reward", "right (score 1)"),
+    print(f"reasoning_gym:chain_sum, {what}, greedy, {len(common)} test questions, base model vs after 20 GRPO "
+          "steps (seed 0)")
+    for key, label in (("reward", "mean reward"), ("answer_reward", "right (score 1)"),
                        ("format_reward", "answer in <answer> tags")):
         x = [float(a[i][key]) for i in common]
         y = [float(b[i][key]) for i in common]
@@ -95,4 +96,5 @@ if __name__ == "__main__":
     found = seeds(args.runs)
     if found:
         figure(found, args.figure)
-    reasoning_gym(args.runs)
+    reasoning_gym(args.runs, "rg", "prompt=reasoning_gym, rewards {reasoning_gym: 1.0, format: 0.2}")
+    reasoning_gym(args.runs, "rg2", "prompt=examples/reasoning_gym/prefill.txt, rewards {reasoning_gym: 1.0}")
