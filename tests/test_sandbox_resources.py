@@ -341,12 +341,15 @@ def test_a_sandbox_its_cgroup_cannot_take_never_runs(monkeypatch):
         raise OSError(28, "No space left on device")
 
     sandbox.require()  # probed with its cgroup (a probe that cannot place it refuses to grade at all)
+    # this worker's children from before (the grading pool of an earlier test file in the same xdist worker) are
+    # not this sandbox's
+    before = set(_children())
     monkeypatch.setattr(cgroups.Group, "add", refuse)
     marker = f"/tmp/rlvr-ran-{os.getpid()}"
     result = sandbox.run_program(Job(f"open({marker!r}, 'w').close()\ndef f():\n    return 1\n", (Check("f()"),)))
     assert result.status == "crashed" and "could not put the sandbox in its cgroup" in result.error
     assert result.values == [None] and not os.path.exists(marker)  # /tmp is not the sandbox's: a second guard
-    assert not _children()  # bubblewrap reaped, and its judge by it
+    assert not set(_children()) - before  # bubblewrap reaped, and its judge by it
 
 
 def _children() -> list[int]:
