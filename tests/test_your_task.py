@@ -447,3 +447,18 @@ def test_sft_trains_on_a_user_tasks_solution_column(tmp_path, model_dir, data):
     with pytest.raises(ConfigError, match="has no SFT target"):
         train_sft(load_config(SFTConfig, overrides=dict(model=str(model_dir), dataset=data, prompt="row",
                                                         rewards={"answer_tag": 1.0}, out=str(tmp_path / "x"))))
+
+
+def test_an_edited_reward_or_rows_file_is_not_served_a_cached_validation(tmp_path, model_dir, rewards_file, data):
+    from pathlib import Path
+
+    from rlvr.stages.validation import start_validation_key
+
+    cfg = train_cfg(model_dir, tmp_path / "run", dataset=data, prompt="row", rewards={f"{rewards_file}:judge": 1.0})
+    key = start_validation_key(cfg)
+    assert key is not None and start_validation_key(cfg) == key
+    rewards_file.write_text(rewards_file.read_text() + "\n# an edit\n")
+    edited = start_validation_key(cfg)
+    assert edited != key
+    Path(data).write_text(Path(data).read_text() + '{"prompt": "9+9=", "answer": "18", "n": 9, "unit": "kg"}\n')
+    assert start_validation_key(cfg) not in (key, edited)

@@ -91,6 +91,25 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
+def _task_files(cfg: TrainingFields) -> dict[str, str]:
+    """sha256 of the user's files that validation reads, by path: the rows (a file, or every file of a saved
+    folder), a template file, the reward functions' files. Their names are in the config; an edited file with the
+    same name must not reuse a cached validation."""
+    names = [cfg.dataset, getattr(cfg, "validation_dataset", None), cfg.prompt]
+    names += [key.rpartition(":")[0] for key in (getattr(cfg, "rewards", None) or {}) if ":" in key]
+    out = {}
+    for name in filter(None, names):
+        path = Path(name)
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path] if path.is_file() else []
+        if files:
+            digest = hashlib.sha256()
+            for file in files:
+                digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode() + b"\0")
+                digest.update(file.read_bytes())
+            out[name] = digest.hexdigest()
+    return out
+
+
 def start_validation_key(cfg: TrainingFields) -> str | None:
     """The cache key of step 0's validation, or None when the start model has no weight files to hash (a hub
     name, a GGUF) and so is not cached. Besides the config: the weights, rlvr's code, the packages it computes
@@ -100,7 +119,7 @@ def start_validation_key(cfg: TrainingFields) -> str | None:
         return None
     fields = {k: v for k, v in cfg.model_dump(mode="json", by_alias=True).items() if k not in NOT_IN_START_VALIDATION}
     key = {"config": fields, "weights": weights, "code": _code_digest(), "packages": _versions(),
-           "cpu": ckpt.cpu_name(), "threads": torch.get_num_threads()}
+           "cpu": ckpt.cpu_name(), "threads": torch.get_num_threads(), "files": _task_files(cfg)}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
