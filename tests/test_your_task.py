@@ -325,6 +325,11 @@ def test_train_logs_each_user_reward_and_resumes_exactly(tmp_path, model_dir, re
     assert whole[1]["train/reward"] == pytest.approx(whole[1]["train/reward/length_penalty"]
                                                      + whole[1]["train/reward/per_sample"])
     assert whole[1]["train/reward/length_penalty"] < 0
+    from rlvr.experiments.plots import TERMS_FIGURE, build_figures
+    from rlvr.experiments.runs import load_groups
+
+    figure = build_figures(load_groups([tmp_path / "a"]))[TERMS_FIGURE]  # the report's panel per reward term
+    assert [ax.get_title() for ax in figure.axes] == ["train/reward/length_penalty", "train/reward/per_sample"]
     undo = crash_at(3)
     with pytest.raises(KeyboardInterrupt):
         rl.train_grpo(train_cfg(model_dir, tmp_path / "b", keep_checkpoints=2, save_every=2, **common))

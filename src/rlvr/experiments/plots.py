@@ -42,9 +42,10 @@ FIGURES = (
     MetricFigure("clip_fraction", "Clip fraction", (("train/clip_fraction", "fraction of tokens clipped"),)),
     MetricFigure("kl", "KL to the reference model", (("train/kl", "KL"),)),
 )
+TERMS_FIGURE = "reward_terms"  # a panel per term of `rewards=` (train/reward/<name>), for the runs that log them
 LR_FIGURE = "final_val_accuracy_vs_lr"
 MINUTES_FIGURE = "val_accuracy_vs_minutes"
-FIGURE_NAMES = tuple(spec.name for spec in FIGURES) + (LR_FIGURE, MINUTES_FIGURE)  # every figure build_figures can draw
+FIGURE_NAMES = tuple(spec.name for spec in FIGURES) + (TERMS_FIGURE, LR_FIGURE, MINUTES_FIGURE)  # every figure build_figures can draw
 BAND_NAMES = {"ci": "mean ± 95% t-interval (t·s/√n, n = runs)", "minmax": "mean, min–max"}
 
 
@@ -171,6 +172,11 @@ def build_figures(groups: Sequence[Group], band: Band = "ci") -> dict[str, Figur
     """name -> figure for every metric some run has, plus the learning-rate and per-minute figures when
     they apply."""
     figures = {spec.name: metric_figure(groups, spec, band) for spec in FIGURES}
+    terms = sorted({k for g in groups for run in g.runs for row in run.metrics for k in row
+                    if k.startswith("train/reward/") and not k.endswith("_std")})
+    if terms:
+        figures[TERMS_FIGURE] = metric_figure(groups, MetricFigure(
+            TERMS_FIGURE, "Each reward term, unweighted", tuple((k, k.rpartition("/")[2]) for k in terms)), band)
     figures[LR_FIGURE] = lr_figure(groups, band)
     figures[MINUTES_FIGURE] = minutes_figure(groups, band)
     return {name: fig for name, fig in figures.items() if fig is not None}
