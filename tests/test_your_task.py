@@ -467,3 +467,28 @@ def test_an_edited_reward_or_rows_file_is_not_served_a_cached_validation(tmp_pat
     assert edited != key
     Path(data).write_text(Path(data).read_text() + '{"prompt": "9+9=", "answer": "18", "n": 9, "unit": "kg"}\n')
     assert start_validation_key(cfg) not in (key, edited)
+
+
+def test_async_functions_are_awaited_together(data):
+    """Two async judges that each wait for the other: awaited one after the other they would never finish."""
+    import asyncio
+
+    started, answered = asyncio.Event(), asyncio.Event()
+
+    async def first(completions, **kwargs):
+        started.set()
+        await asyncio.wait_for(answered.wait(), 5)
+        return [1.0 for _ in completions]
+
+    async def second(completions, **kwargs):
+        await asyncio.wait_for(started.wait(), 5)
+        answered.set()
+        return [0.5 for _ in completions]
+
+    USER_REWARDS.update(first=first, second=second)
+    try:
+        cfg = load_config(EvalConfig, overrides={"dataset": data, "prompt": "row",
+                                                 "rewards": {"first": 1.0, "second": 1.0}})
+        assert [s["reward"] for s in _score(cfg, ["0", "2"], load_dataset(data, "test")[:2])] == [1.5, 1.5]
+    finally:
+        del USER_REWARDS["first"], USER_REWARDS["second"]
