@@ -106,11 +106,8 @@ def _train_step(model, tokenizer, **choices):
 
 @pytest.mark.parametrize("argument, value", CALLS, ids=[f"{n}={v}" for n, v in CALLS])
 def test_grpo_train_step_takes_each_seed_literal(tiny_model, tokenizer, argument, value):
-    choices = {argument: value}
-    if choices == {"baseline": "none"}:
-        # rlvr refuses baseline none with the default std normaliser (an all-right group's advantage would be
-        # 1/eps); the seed's own use of baseline none, RFT (eq. 34), has no normaliser
-        choices["advantage_normalizer"] = "none"
+    choices = {argument: value}  # baseline none alone keeps the default std normaliser: the seed's function
+    # takes every combination of its literals (rlvr's configs refuse this one; here it warns, 1/eps advantages)
     before = {n: p.detach().clone() for n, p in tiny_model.named_parameters()}
     twin = copy.deepcopy(tiny_model)
     loss, meta = _train_step(tiny_model, tokenizer, **choices)

@@ -112,8 +112,10 @@ class EstimatorSpec:
     distill_kl: DistillKL = "sampled"
     summary: str = ""
 
-    def validate(self) -> "EstimatorSpec":
-        """Every check of the estimator's choices, in one place; returns the spec."""
+    def validate(self, seed_call: bool = False) -> "EstimatorSpec":
+        """Every check of the estimator's choices, in one place; returns the spec. `seed_call`: a call of seed
+        004's own function (grpo_train_step), which takes every combination of the seed's literals, so a
+        combination rlvr's configs refuse as unwise only warns there."""
         spec, method = self, self.importance_reweighting_method
         check_choice("baseline", spec.baseline, BASELINES)
         check_choice("advantage_normalizer", spec.advantage_normalizer, ADVANTAGE_NORMALIZERS)
@@ -122,7 +124,12 @@ class EstimatorSpec:
         check_choice("kl_estimator", spec.kl_estimator, KL_ESTIMATORS)
         check_choice("reward_signal", spec.reward_signal, REWARD_SIGNALS)
         check_choice("advantage", spec.advantage, tuple(ADVANTAGES))
-        if spec.advantage == "group" and spec.baseline == "none" and spec.advantage_normalizer == "std":
+        if spec.advantage == "group" and spec.baseline == "none" and spec.advantage_normalizer == "std" and seed_call:
+            import warnings
+
+            warnings.warn("baseline='none' with advantage_normalizer='std' divides raw rewards by the group std: an "
+                          "all-right group gets advantages of 1/eps", stacklevel=3)
+        elif spec.advantage == "group" and spec.baseline == "none" and spec.advantage_normalizer == "std":
             raise ValueError("baseline='none' with advantage_normalizer='std' divides raw rewards by the group std: "
                              "a group that is all right gets advantages of 1/eps = 1e6; use baseline='mean'")
         if method in ("clip", "grpo", "gspo") and spec.cliprange is None:

@@ -54,7 +54,7 @@ def grpo_train_step(
         raise ValueError("loss_normalization='constant' needs normalization_constant")
     spec = EstimatorSpec(baseline, advantage_normalizer, importance_reweighting_method, loss_normalization,
                          cliprange=cliprange, advantage_eps=advantage_eps,
-                         normalization_constant=normalization_constant).validate()
+                         normalization_constant=normalization_constant).validate(seed_call=True)
     scores, grading = score_batch(reward_fn, rollout_responses, repeated_ground_truths)
     raw_rewards, reward_meta = rewards_and_metadata(scores, grading)
     advantages, adv_meta = compute_advantages(raw_rewards, group_size, spec)
