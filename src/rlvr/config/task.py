@@ -42,21 +42,13 @@ class TaskFields(BaseConfig):
         """Each term resolves before any model is loaded: a user's file imports, its function exists and has a
         signature rlvr knows, a built-in name exists."""
         from rlvr.tasks.task import check_reward_name
-        from rlvr.tasks.user_rewards import RewardError
 
-        for name in value or {}:
-            try:
-                check_reward_name(name)
-            except RewardError as err:
-                raise ValueError(str(err)) from None
+        for name in value or {}:  # a RewardError is a ValueError: pydantic reports it with the field
+            check_reward_name(name)
         return value
 
     def _check_task(self) -> None:
         """The prompt and the reward terms fit together (a prompt without a reward of its own needs rewards=)."""
         from rlvr.tasks.task import check_reward_names, task_prompt
-        from rlvr.tasks.user_rewards import RewardError
 
-        try:
-            check_reward_names(self, task_prompt(self))
-        except RewardError as err:
-            raise ValueError(str(err)) from None
+        check_reward_names(self, task_prompt(self))

@@ -101,10 +101,8 @@ def evaluate(
         sampling = dataclasses.replace(sampling, stop=prompt.stop)
     completions = generate(engine, env, examples, prompts, sampling, tokenizer, progress)
     truths = [examples[c.prompt_index].answer for c in completions]
-    context = RewardContext(prompts=[prompts[c.prompt_index] for c in completions],
-                            completion_ids=[list(c.token_ids) for c in completions],
-                            rows=[examples[c.prompt_index] for c in completions])
-    scores, _ = score_batch(reward_fn, [c.text for c in completions], truths, context)
+    scores, _ = score_batch(reward_fn, [c.text for c in completions], truths,
+                            RewardContext.of_completions(completions, prompts, examples))
     apply_env_rewards(scores, completions)
     records = []
     for c, s in zip(completions, scores):

@@ -35,13 +35,6 @@ def build_reward_fn(cfg: TrainConfig, prompt_reward: str | None):
     return task_reward_fn(cfg, dataclasses.replace(task_prompt(cfg), reward=prompt_reward))
 
 
-def reward_context(rollouts: Rollouts, step: int | None = None) -> RewardContext:
-    """What a user's reward functions read of a rollout batch: prompts, sampled ids, rows, the step."""
-    return RewardContext(prompts=[rollouts.prompts[c.prompt_index] for c in rollouts.completions],
-                         completion_ids=[list(c.token_ids) for c in rollouts.completions],
-                         rows=[rollouts.questions[c.prompt_index] for c in rollouts.completions], step=step)
-
-
 @dataclasses.dataclass
 class Rollouts:
     """One rollout batch: the questions, their prompts and G completions each (prompt-major)."""
@@ -195,7 +188,8 @@ def score_completions(reward_fn, rollouts: Rollouts, cfg: TrainConfig) -> tuple[
     budget) on the sampled token counts, logged as `reward/overlong`. An episode (`env=`) counts the ids the
     model sampled, not the observations' (loss_mask), against the episode's budget (the environment's
     max_total_tokens, else max_new_tokens)."""
-    scores, grading = score_batch(reward_fn, rollouts.responses, rollouts.truths, reward_context(rollouts))
+    context = RewardContext.of_completions(rollouts.completions, rollouts.prompts, rollouts.questions)
+    scores, grading = score_batch(reward_fn, rollouts.responses, rollouts.truths, context)
     apply_env_rewards(scores, rollouts.completions)
     weight = (cfg.rewards or {}).get("overlong")
     if weight:

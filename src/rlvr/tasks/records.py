@@ -116,6 +116,17 @@ def jsonl_rows(path: str | Path, required: tuple[str, ...] = ()) -> Iterator[tup
             yield lineno, where, row
 
 
+def split_answer(raw: str, where: str, gsm8k: bool | None = None) -> tuple[str, str]:
+    """(final answer, worked solution) of an answer field: a bare answer, or GSM8K's "... #### x" (detected when
+    `gsm8k` is None), whose text before "####" is the solution; a malformed one is a DataError at `where`."""
+    if not (("####" in raw) if gsm8k is None else gsm8k):
+        return raw.strip(), ""
+    try:
+        return parse_gsm8k_answer(raw), raw.rsplit("####", 1)[0].strip()
+    except ValueError as err:
+        raise DataError(f"{where}: {err}") from None
+
+
 def load_jsonl(
     path: str | Path,
     question_field: str = "question",
@@ -141,14 +152,7 @@ def load_jsonl(
         if not isinstance(raw_answer, str) or not raw_answer.strip():
             raise DataError(f"{where}: field {answer_field!r} must be a non-empty string or number")
         is_gsm8k = ("####" in raw_answer) if gsm8k_answers is None else gsm8k_answers
-        if is_gsm8k:
-            try:
-                answer = parse_gsm8k_answer(raw_answer)
-            except ValueError as err:
-                raise DataError(f"{where}: {err}") from None
-            solution = raw_answer.rsplit("####", 1)[0].strip()
-        else:
-            answer, solution = raw_answer.strip(), ""
+        answer, solution = split_answer(raw_answer, where, is_gsm8k)
         if solution_field:
             solution = str(row[solution_field])
         examples.append(Example(question.strip(), answer, solution, id=f"{path.stem}:{lineno}", fields=row))

@@ -34,6 +34,14 @@ class RewardContext:
     step: int | None = None
     results: dict = dataclasses.field(default_factory=dict)
 
+    @classmethod
+    def of_completions(cls, completions, prompts: list, rows: list, step: int | None = None) -> "RewardContext":
+        """The context of completions (anything with `prompt_index` and `token_ids`: the engine's) of these
+        prompts and rows, one of each per prompt index."""
+        return cls(prompts=[prompts[c.prompt_index] for c in completions],
+                   completion_ids=[list(c.token_ids) for c in completions],
+                   rows=[rows[c.prompt_index] for c in completions], step=step)
+
 
 class RewardFn:
     """A reward function `fn(response, ground_truth) -> {"reward", "format_reward", "answer_reward"}`

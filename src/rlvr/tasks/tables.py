@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlvr.tasks.records import DataError, Example, jsonl_rows, parse_gsm8k_answer
+from rlvr.tasks.records import DataError, Example, jsonl_rows, split_answer
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 ROLES = ("system", "user", "assistant", "tool")
@@ -122,14 +122,8 @@ def row_example(where: str, row: dict, id: str = "", question_field: str = "ques
         answer, solution = "", ""  # a structured reference (a dict, a list): the reward reads it from `fields`
         if require_answer:
             raise DataError(f"{where}: column {answer_field!r} must be text or a number; got {type(raw).__name__}")
-    elif "####" in raw:
-        try:
-            answer = parse_gsm8k_answer(raw)
-        except ValueError as err:
-            raise DataError(f"{where}: column {answer_field!r}: {err}") from None
-        solution = raw.rsplit("####", 1)[0].strip()
     else:
-        answer, solution = raw.strip(), ""
+        answer, solution = split_answer(raw, f"{where}: column {answer_field!r}")
     if solution_field:
         if solution_field not in row:
             raise DataError(f"{where}: missing field {solution_field!r} (solution_field)")

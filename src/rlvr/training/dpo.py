@@ -81,10 +81,8 @@ def rollout_pairs(engine, questions: list[Example], prompt: PromptTemplate, rewa
     prompts = [prompt.render(q, tokenizer) for q in questions]
     completions = engine.generate(prompts, sampling)
     truths = [questions[c.prompt_index].answer for c in completions]
-    context = RewardContext(prompts=[prompts[c.prompt_index] for c in completions], step=step,
-                            completion_ids=[list(c.token_ids) for c in completions],
-                            rows=[questions[c.prompt_index] for c in completions])
-    scores, grading = score_batch(reward_fn, [c.text for c in completions], truths, context)
+    scores, grading = score_batch(reward_fn, [c.text for c in completions], truths,
+                                  RewardContext.of_completions(completions, prompts, questions, step))
     _, meta = rewards_and_metadata(scores, grading)
     right: dict[int, dict[str, tuple[int, ...]]] = {}
     wrong: dict[int, dict[str, tuple[int, ...]]] = {}
