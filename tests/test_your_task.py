@@ -492,3 +492,21 @@ def test_async_functions_are_awaited_together(data):
         assert [s["reward"] for s in _score(cfg, ["0", "2"], load_dataset(data, "test")[:2])] == [1.5, 1.5]
     finally:
         del USER_REWARDS["first"], USER_REWARDS["second"]
+
+
+def test_a_trl_reward_reads_the_training_step(tmp_path, model_dir, data):
+    seen = []
+
+    def steps(completions, trainer_state, **kwargs):
+        seen.append(trainer_state["global_step"])
+        return [0.0 for _ in completions]
+
+    USER_REWARDS["steps"] = steps
+    try:
+        from rlvr.training import rl
+
+        rl.train_grpo(train_cfg(model_dir, tmp_path / "run", dataset=data, prompt="row", rewards={"steps": 1.0},
+                                eval_every=0, eval_at_start=False, eval_at_end=False))
+    finally:
+        del USER_REWARDS["steps"]
+    assert seen[-3:] == [1, 2, 3]  # (before them: the start-of-run task check, at step 0)

@@ -177,7 +177,7 @@ class _SyncLoop:
             for c in part:
                 c.prompt_index += a
             completions.extend(part)
-        return stages.Rollouts(questions, prompts, completions)
+        return stages.Rollouts(questions, prompts, completions, step)
 
     def train_and_sync(self, scored, step: int, times: dict, wait: bool = True) -> dict:
         """Train step `step`, then send its weights (version `step`) to every worker. `wait=False` (async): the
@@ -278,7 +278,7 @@ class _AsyncLoop(_SyncLoop):
         step = self.step_count + 1
         self.histogram[staleness] += 1
         self._fill(training=1)  # the next batches generate while this one trains
-        rollouts = stages.Rollouts(batch.questions, batch.prompts, completions)
+        rollouts = stages.Rollouts(batch.questions, batch.prompts, completions, step)
         with stages.timed(times, "score"):
             scored = stages.score_rollouts(rollouts, self.reward_fn, self.spec, self.cfg, self.tokenizer)
             curriculum = stages.record_rollouts(self.order, rollouts, scored.scores, scored.scores,

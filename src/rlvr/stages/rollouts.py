@@ -42,6 +42,7 @@ class Rollouts:
     questions: list[Example]
     prompts: list[str]
     completions: list[Completion]
+    step: int | None = None  # the training step that sampled them (a user's reward reads it as trainer_state)
 
     @property
     def responses(self) -> list[str]:
@@ -106,7 +107,7 @@ def collect_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
     questions, prompts = next_questions(train, order, prompt, tokenizer, cfg)
     engine.sync_weights(model)
     sampling = rollout_sampling(cfg, prompt, step)
-    return Rollouts(questions, prompts, generate(engine, cfg.env, questions, prompts, sampling, tokenizer))
+    return Rollouts(questions, prompts, generate(engine, cfg.env, questions, prompts, sampling, tokenizer), step)
 
 
 def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: DataOrder, prompt: PromptTemplate,
@@ -147,7 +148,7 @@ def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
         new_q, new_p = next_questions(train, order, prompt, tokenizer, cfg, count=count)
         sampling = rollout_sampling(cfg, prompt, step)
         sampling = dataclasses.replace(sampling, seed=sampling.seed + 1_000_000_007 * rounds)
-        batch = Rollouts(new_q, new_p, generate(engine, cfg.env, new_q, new_p, sampling, tokenizer))
+        batch = Rollouts(new_q, new_p, generate(engine, cfg.env, new_q, new_p, sampling, tokenizer), step)
         rounds += 1
         scores, counts = score_completions(reward_fn, batch, cfg)
         for name, value in counts.items():
@@ -177,9 +178,9 @@ def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
     # did not judge by gives it advantages)
     if not questions:
         batch, scores = last
-        kept = Rollouts(batch.questions[:want], batch.prompts[:want], batch.completions[: want * g])
+        kept = Rollouts(batch.questions[:want], batch.prompts[:want], batch.completions[: want * g], step)
         return kept, meta, (scores[: want * g], grading), (everything, every_score)
-    return Rollouts(questions, prompts, completions), meta, (kept_scores, grading), (everything, every_score)
+    return Rollouts(questions, prompts, completions, step), meta, (kept_scores, grading), (everything, every_score)
 
 
 def score_completions(reward_fn, rollouts: Rollouts, cfg: TrainConfig) -> tuple[list[dict], dict]:
@@ -188,7 +189,7 @@ def score_completions(reward_fn, rollouts: Rollouts, cfg: TrainConfig) -> tuple[
     budget) on the sampled token counts, logged as `reward/overlong`. An episode (`env=`) counts the ids the
     model sampled, not the observations' (loss_mask), against the episode's budget (the environment's
     max_total_tokens, else max_new_tokens)."""
-    context = RewardContext.of_completions(rollouts.completions, rollouts.prompts, rollouts.questions)
+    context = RewardContext.of_completions(rollouts.completions, rollouts.prompts, rollouts.questions, rollouts.step)
     scores, grading = score_batch(reward_fn, rollouts.responses, rollouts.truths, context)
     apply_env_rewards(scores, rollouts.completions)
     weight = (cfg.rewards or {}).get("overlong")
