@@ -77,11 +77,11 @@ def _digest(root: Path) -> dict[str, str]:
 
 
 def _dev_shm() -> set[str]:
-    """The host's /dev/shm, less Python multiprocessing's named semaphores (`sem.mp-*`): tests running beside
-    this one (`make test` runs two workers; test_parallel's spawned learners) create and remove those while the
-    attacks run. No attack here writes one; each writes its own `rlvr-*` names."""
+    """The host's /dev/shm names an attack would write (`rlvr-*`; see write_dev_shm). Not every name: tests
+    running beside this one (`make test` runs two workers) create and remove their own there while the attacks
+    run: Python multiprocessing's semaphores, torch's shared tensors, Ray's object store."""
     names = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    return {n for n in names if not n.startswith("sem.mp-")}
+    return {n for n in names if n.startswith("rlvr")}
 
 
 class Listeners:
