@@ -11,6 +11,7 @@ distribution, top_k off), at most 128 new tokens, stop at "</answer>", in one pr
   generate bf16   the same on a bfloat16 copy of the model
   rlvr fp32       HFEngine sharing the fp32 model (batch_size = the case's rows)
   rlvr bf16       HFEngine with its own bfloat16 copy of the weights (what `rlvr train` uses by default)
+  rlvr int8       (--int8) HFEngine with int8 weights (rlvr.engines.int8: what a CPU without native bf16 runs)
 
 Cases ("batch" = sequences decoded together): B prompts x 1 sample for each B of --batches, and P prompts x G
 samples for each PxG of --groups (RL samples G per prompt; rlvr prefills each prompt once and shares it).
@@ -132,6 +133,8 @@ def main() -> None:
     parser.add_argument("--before", metavar="REV", help="also run the engine as it was at git revision REV (its "
                         "rows are named '... @REV'), check both give the same completions, print now / REV")
     parser.add_argument("--no-generate", action="store_true", help="skip the model.generate rows")
+    parser.add_argument("--int8", action="store_true", help="add the rlvr int8 row (rlvr.engines.int8: int8 "
+                        "weights, what a CPU without native bf16 runs)")
     args = parser.parse_args()
     if args.smoke:
         args.batches, args.groups, args.max_new_tokens, args.repeats = "2", "2x2", 8, 1
@@ -157,6 +160,8 @@ def main() -> None:
         engines["rlvr bf16"] = HFEngine(model, tokenizer, dtype="bfloat16")
         if old:
             engines[f"rlvr bf16 @{args.before}"] = old.HFEngine(model, tokenizer, dtype="bfloat16")
+    if args.int8:
+        engines["rlvr int8"] = HFEngine(model, tokenizer, dtype="int8")
     if args.no_generate:
         engines = {k: v for k, v in engines.items() if v is not None}
     outputs = {name: {} for name in engines}
@@ -199,6 +204,7 @@ def main() -> None:
     for label, _, _ in cases:
         by = {r["engine"]: r for r in results if r["case"] == label}
         pairs = [("rlvr fp32", "generate fp32"), ("rlvr bf16", "generate bf16"), ("rlvr bf16", "generate fp32"),
+                 ("rlvr int8", "rlvr fp32"), ("rlvr int8", "generate fp32"),
                  *[(f"rlvr {d}", f"rlvr {d} @{args.before}") for d in ("fp32", "bf16") if args.before]]
         ratios[label] = {f"{a} / {b}": by[a]["tokens_per_s"] / by[b]["tokens_per_s"] for a, b in pairs
                          if a in by and b in by}

@@ -1,6 +1,7 @@
 """The rollout-vs-trainer mismatch on a real model (issue 36 item 2): the bf16 engine's sampling log-probs
 against the learner's, with the engine's RoPE `inv_freq` kept in fp32 (rlvr today) and rounded to bf16 (the
-engine before issue 36 item 1).
+engine before issue 36 item 1); with `--variants int8,fp32` the int8 engine's (issue 59) and the fp32
+engine's (the floor).
 
     .venv/bin/python bench/rollout_mismatch.py --model runs/sft_arithmetic/final     # 64 rollouts, <= 256 tokens
 
@@ -58,6 +59,10 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--bucket", type=int, default=64)
+    parser.add_argument("--variants", default="inv_freq_fp32,inv_freq_bf16",
+                        help="engines, comma-separated: inv_freq_fp32 (the bf16 engine), inv_freq_bf16 (the bf16 "
+                        "engine before issue 36), int8 (rlvr.engines.int8, issue 59), fp32 (the floor: batch and "
+                        "kernel rounding only)")
     parser.add_argument("--threads", type=int, default=cores())
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -82,8 +87,9 @@ def main() -> None:
     prompt = get_prompt(cfg.prompt)
     reward_fn = rl.build_reward_fn(cfg, prompt.reward)
     results = {"machine": machine(), "args": vars(args), "variants": {}}
-    for variant in ("inv_freq_fp32", "inv_freq_bf16"):
-        engine = HFEngine(model, tokenizer, batch_size=64, dtype="bfloat16")
+    for variant in args.variants.split(","):
+        dtype = {"int8": "int8", "fp32": "float32"}.get(variant, "bfloat16")
+        engine = HFEngine(model, tokenizer, batch_size=64, dtype=dtype)
         engine.sync_weights(model)
         if variant == "inv_freq_bf16":  # the engine before issue 36 item 1: its buffers rounded to bf16
             sync = engine.sync_weights
@@ -102,6 +108,8 @@ def main() -> None:
         row = {"generate_s": generate_s, "mean_tokens": float(batch.response_mask.sum(1).float().mean()),
                "reward": sum(s["reward"] for s in rl.score_batch(reward_fn, rollouts.responses, rollouts.truths)[0])
                / len(rollouts.completions)}
+        print(f"{variant:14s} generated {int(batch.response_mask.sum())} tokens in {generate_s:.1f} s, reward "
+              f"{row['reward']:.3f}", flush=True)
         for precision in ("fp32", "bf16"):
             lp = score_log_probs(model, batch.input_ids, batch.labels, batch.response_mask, 8, precision)
             row[precision] = mismatch(batch.rollout_log_probs, lp, batch.response_mask, args.bucket)

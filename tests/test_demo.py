@@ -28,6 +28,7 @@ def test_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
 
     assert [r["step"] for r in read_jsonl(out / "grpo" / "metrics.jsonl") if "val/accuracy" in r] == [0, 1]
     assert "validation accuracy during GRPO (100 validation questions, greedy): " in result.output
+    assert "GRPO - SFT on the same 3 test questions: " in result.output  # paired, with its verdict
     timings = json.loads((out / "timings.json").read_text())
     assert list(timings) == ["prompting baseline", "baseline eval", "sft", "sft eval", "grpo", "grpo eval"]
     table = (out / "results.md").read_text()
@@ -65,3 +66,29 @@ def test_the_curves_interval_is_wilsons_inside_zero_and_one():
     lo, hi = _wilson(0.5, 100)
     assert abs(lo - 0.40383) < 1e-5 and abs(hi - 0.59617) < 1e-5
     assert _wilson(1.0, 10)[1] == 1.0
+
+
+def test_the_gain_is_paired_over_the_same_questions(tmp_path):
+    """after - before per question (matched by id): 3 gained, 1 lost of 6 shared, so d = [1, 1, 1, -1, 0, 0],
+    mean 1/3, half width t(0.975, 5) = 2.571 times s / sqrt(6); a question only one side answered is left out."""
+    import math
+
+    from rlvr.experiments.demo import _paired_line, paired_gain
+
+    def write(name, rewards):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "results.jsonl").write_text("".join(json.dumps({"id": k, "sample_index": 0, "answer_reward": v}) + "\n"
+                                                 for k, v in rewards.items()))
+        return d
+
+    before = write("sft", {"a": 0, "b": 0, "c": 0, "d": 1, "e": 1, "f": 0, "only_before": 1})
+    after = write("grpo", {"a": 1, "b": 1, "c": 1, "d": 0, "e": 1, "f": 0, "only_after": 0})
+    gain = paired_gain(before, after)
+    d = [1, 1, 1, -1, 0, 0]
+    mean = sum(d) / 6
+    s = math.sqrt(sum((x - mean) ** 2 for x in d) / 5)
+    assert gain["n"] == 6 and (gain["gained"], gain["lost"]) == (3, 1)
+    assert abs(gain["mean"] - 1 / 3) < 1e-12 and abs(gain["half_width"] - 2.571 * s / math.sqrt(6)) < 1e-3
+    assert not gain["resolved"] and "includes 0: this run does not resolve a difference" in _paired_line(gain)
+    assert paired_gain(before, tmp_path / "missing") is None

@@ -33,6 +33,7 @@ from rlvr.config.sections import (
     DataFields,
     DistributedConfig,
     Dtype,
+    EngineDtype,
     PlacementConfig,
     RolloutCorrectionConfig,
     RolloutCorrectionMode,
@@ -44,7 +45,8 @@ from rlvr.config.sections import (
 __all__ = [
     "AsyncConfig", "BaseConfig", "CODE_PROMPTS", "ConfigError", "CurriculumConfig", "DEVICE_HELP", "DPOConfig",
     "DataFields",
-    "DemoConfig", "DistributedConfig", "Dtype", "EvalConfig", "NONE_IS_A_CHOICE", "PlacementConfig", "RESUME_FREE",
+    "DemoConfig", "DistributedConfig", "Dtype", "EngineDtype", "EvalConfig", "NONE_IS_A_CHOICE", "PlacementConfig",
+    "RESUME_FREE",
     "RolloutCorrectionConfig", "RolloutCorrectionMode", "SFTConfig", "SFT_PROMPTS", "SamplingMismatchWarning",
     "SandboxConfig", "TrainConfig", "TrainingFields", "choose_backend", "fields_help", "load_config",
     "parse_overrides", "setting_changes", "sampling_params", "unknown_field",

@@ -18,7 +18,7 @@ from rlvr.config.sections import (
     CurriculumConfig,
     DataFields,
     DistributedConfig,
-    Dtype,
+    EngineDtype,
     PlacementConfig,
     RolloutCorrectionConfig,
     TrainingFields,
@@ -37,8 +37,9 @@ class EvalConfig(DataFields):
     max_new_tokens: int = Field(512, ge=1)
     repetition_penalty: float = Field(1.0, gt=0)
     batch_size: int = Field(64, ge=1, description="rows decoded together")
-    dtype: Dtype = Field("float32", description="generation dtype (bfloat16 is about 2x faster on a CPU with "
-                         "AVX512-BF16 or AMX; one without native kernels runs float32)")
+    dtype: EngineDtype = Field("float32", description="generation dtype (bfloat16 is about 2x faster on a CPU with "
+                               "AVX512-BF16 or AMX; one without native kernels runs int8 weights instead; int8: "
+                               "CPU only)")
     device: str = Field("auto", description=DEVICE_HELP)
     out: str | None = Field(None, description="output directory (default runs/eval/<model>-<prompt>-<split>)")
     resume: bool = Field(False, description="continue the interrupted evaluation in `out`: the questions already "
@@ -227,6 +228,14 @@ class TrainConfig(TrainingFields):
                              "keeps the groups the estimator gives a nonzero reward advantage, and this one gives "
                              "none, so it would keep nothing and generate dynamic_sampling_rounds batches a step; "
                              "set dynamic_sampling=false, or use an estimator with a reward advantage (opd_grpo)")
+        if self.generation_dtype == "int8":
+            if self.rollout_correction.mode == "none":
+                raise ValueError("generation_dtype=int8 samples from int8 weights, not the policy's: it needs the "
+                                 "rollout correction (rollout_correction.mode=token_tis, the default, or another "
+                                 "mode than none)")
+            if self.distributed.enabled:
+                raise ValueError("generation_dtype=int8 runs in the local loop only for now (Ray's rollout workers "
+                                 "hold float32 or bf16 weights); use generation_dtype=float32 or bfloat16")
         if self.distributed.enabled and self.dynamic_sampling:
             raise ValueError("dynamic_sampling runs in the local loop only for now; set distributed.rollout_workers=0 "
                              "distributed.learners=1")
@@ -312,10 +321,12 @@ class DemoConfig(BaseConfig):
     out: str = "runs/demo"
     seed: int = 0
     baseline_dataset: str | None = Field("gsm8k", description="a prompting-only baseline shown first (None: skip)")
-    baseline_limit: int = Field(50, ge=1, description="questions of the prompting-only baseline")
+    baseline_limit: int = Field(10, ge=1, description="questions of the prompting-only baseline (it scores 0 of "
+                                "50 and of 200: more questions show nothing more)")
     baseline_max_new_tokens: int = Field(256, ge=1)
-    eval_limit: int = Field(500, ge=1, description="test questions the SFT and GRPO models are evaluated on")
-    untrained_eval_limit: int | None = Field(100, ge=1, description="of those, the first N for the untrained "
+    eval_limit: int = Field(300, ge=1, description="test questions the SFT and GRPO models are evaluated on (the "
+                            "same ones: their difference is paired)")
+    untrained_eval_limit: int | None = Field(20, ge=1, description="of those, the first N for the untrained "
                                              "model (it never writes the answer format; None: all eval_limit)")
     eval_max_new_tokens: int = Field(96, ge=1)
     sft_steps: int = Field(30, ge=1)
@@ -324,7 +335,7 @@ class DemoConfig(BaseConfig):
     grpo_steps: int = Field(20, ge=1)
     grpo_algorithm: str = "grpo"
     grpo_learning_rate: float = Field(1e-5, gt=0)
-    grpo_eval_every: int = Field(5, ge=0, description="validate the GRPO policy every N steps, from step 0 (the "
+    grpo_eval_every: int = Field(10, ge=0, description="validate the GRPO policy every N steps, from step 0 (the "
                                  "figure's curve; 0: never)")
     grpo_eval_limit: int = Field(100, ge=1, description="validation questions of those checks (not the test ones)")
     rollout_batch_size: int = Field(64, ge=1)

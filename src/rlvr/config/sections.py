@@ -13,6 +13,8 @@ from rlvr.config.base import BaseConfig
 from rlvr.config.task import TaskFields
 
 Dtype = Literal["float32", "bfloat16", "float16"]
+# an engine's (rollouts, evaluation) may also be int8 weights, on a CPU (rlvr.engines.int8)
+EngineDtype = Literal["float32", "bfloat16", "float16", "int8"]
 
 
 # rlvr.algorithms.estimators.RolloutCorrection, spelled again here so that configs import no torch (a test keeps them equal)
@@ -203,8 +205,9 @@ class TrainingFields(DataFields):
     eval_sampled_samples: int = Field(0, ge=0, description="also validate with N samples per question at "
                                       "eval_sampled_temperature (0: off): val_sampled/accuracy = sampled pass@1")
     eval_sampled_temperature: float = Field(1.0, gt=0, description="temperature of the sampled validation")
-    generation_dtype: Dtype = Field("bfloat16", description="dtype of the rollout/eval engine's weight copy "
-                                    "(float32 on a CPU without native kernels for it)")
+    generation_dtype: EngineDtype = Field("bfloat16", description="dtype of the rollout/eval engine's weight copy; "
+                                          "on a CPU without native bf16 kernels it runs int8 weights (the rollout "
+                                          "correction on) or float32; int8: CPU only")
     generation_batch_size: int = Field(64, ge=1, description="rows decoded together; larger pays when G samples "
                                        "share a prompt (256 at G=16: 1.6x of 64), not at one sample per prompt (0.84x)")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")

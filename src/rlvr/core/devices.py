@@ -98,6 +98,49 @@ def native_dtype(dtype: str, device) -> str:
     return "float32"
 
 
+def engine_dtype(dtype: str, device, int8: bool = True) -> str:
+    """The dtype a rollout or evaluation engine on `device` runs in: `dtype` where the device computes in it
+    natively. On a CPU without native kernels for bf16 / fp16 (where native_dtype falls back to float32): int8
+    weights (rlvr.engines.int8) when `int8` and torch multiplies int8 matrices here, float32 otherwise; the caller says `int8=False` where nothing corrects for the engine sampling from
+    another distribution than the policy (rollout_correction.mode=none) or where int8 is not wired (Ray's
+    workers). int8 asked for on a GPU is an error."""
+    import torch
+
+    kind = torch.device(device).type
+    if dtype == "int8":
+        if kind != "cpu":
+            raise ValueError(f"dtype int8 runs on a CPU (rlvr.engines.int8); this engine is on {device}: "
+                             "use bfloat16 there")
+        return dtype
+    if dtype == "float32" or has_native(dtype, kind):
+        return dtype
+    if kind == "cpu" and int8 and cpu_has_int8():
+        _note_int8(dtype)
+        return "int8"
+    _warn_emulated(dtype, kind)
+    return "float32"
+
+
+@functools.cache
+def cpu_has_int8() -> bool:
+    """Whether torch multiplies int8 matrices on this CPU (torch._int_mm, exactly, in int32)."""
+    import torch
+
+    try:
+        a = torch.tensor([[1, -2], [3, 4]], dtype=torch.int8)
+        return torch._int_mm(a, a.t()).tolist() == [[5, -5], [-5, 25]]
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+
+
+@functools.cache
+def _note_int8(dtype: str) -> None:
+    log.warning("this CPU has no native %s kernels (%s): the rollout/eval engine runs int8 weights (rlvr.engines.int8, "
+                "several times faster than float32 here; bench/rollout.py --int8); the trainer corrects "
+                "for the difference (rollout_correction). generation_dtype=float32 keeps float32", dtype,
+                _capability("cpu"))
+
+
 def has_native(dtype: str, kind: str) -> bool:
     """Whether devices of `kind` ("cpu", "cuda") here compute in `dtype` natively (True where torch cannot tell)."""
     if kind == "cpu":

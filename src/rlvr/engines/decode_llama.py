@@ -70,6 +70,7 @@ class LlamaDecoder:
     always sees the weights `sync_weights` last copied in)."""
 
     def __init__(self, model):
+        """`model`: a Llama-architecture model with dense or int8 (rlvr.engines.int8) linears."""
         inner, cfg = model.model, model.config
         self.model, self.inner = model, inner
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -81,12 +82,13 @@ class LlamaDecoder:
             attn, mlp = layer.self_attn, layer.mlp
             self.layers.append((
                 layer.input_layernorm,
-                torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
-                attn.o_proj.weight,
+                _fused(attn.q_proj, attn.k_proj, attn.v_proj),
+                _fused(attn.o_proj),
                 layer.post_attention_layernorm,
-                torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
-                mlp.down_proj.weight,
+                _fused(mlp.gate_proj, mlp.up_proj),
+                _fused(mlp.down_proj),
             ))
+        self.lm_head = model.lm_head
 
     def start(self, cache, prefix_mask: torch.Tensor, samples: int, max_new_tokens: int) -> DecodeState:
         """The decode state after a transformers prefill of P prompts into `cache` (rlvr's preallocated
@@ -141,8 +143,8 @@ class LlamaDecoder:
         cos, sin = self.inner.rotary_emb(h.unsqueeze(1), positions.unsqueeze(1))  # (R, 1, d)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         t = state.length
-        for index, (norm_in, w_qkv, w_o, norm_post, w_gate_up, w_down) in enumerate(self.layers):
-            qkv = F.linear(norm_in(h), w_qkv)
+        for index, (norm_in, qkv_proj, o_proj, norm_post, gate_up_proj, down_proj) in enumerate(self.layers):
+            qkv = qkv_proj(norm_in(h))
             q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
             q = _rope(q.view(-1, self.heads, self.head_dim), cos, sin)
             k = _rope(k.view(-1, self.kv_heads, self.head_dim), cos, sin)
@@ -150,10 +152,20 @@ class LlamaDecoder:
             state.suffix_v[index][:, :, t] = v.view(-1, self.kv_heads, self.head_dim)
             if index == 0:
                 state.length = t + 1  # the new token attends to itself
-            h = h + F.linear(self._attention(q, index, state), w_o)
-            gate, up = F.linear(norm_post(h), w_gate_up).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, w_down)
-        return self.model.lm_head(self.inner.norm(h)).float()
+            h = h + o_proj(self._attention(q, index, state))
+            gate, up = gate_up_proj(norm_post(h)).chunk(2, dim=-1)
+            h = h + down_proj(F.silu(gate) * up)
+        return self.lm_head(self.inner.norm(h)).float()
+
+
+def _fused(*linears):
+    """One matmul computing `linears`' outputs side by side (their weights stacked by output row)."""
+    from rlvr.engines import int8
+
+    if all(isinstance(m, int8.Int8Linear) for m in linears):
+        return int8.fused(linears)
+    weight = torch.cat([m.weight for m in linears]) if len(linears) > 1 else linears[0].weight
+    return lambda x: F.linear(x, weight)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

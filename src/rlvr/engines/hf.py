@@ -22,7 +22,7 @@ import torch
 
 from rlvr.core.devices import input_device
 from rlvr.core.models import cache_keyword
-from rlvr.engines import decode_llama
+from rlvr.engines import decode_llama, int8
 from rlvr.engines.base import Completion, SamplingParams
 from rlvr.engines.kv_cache import PrefixCache, fill_cache, preallocated_cache, row_kv
 from rlvr.engines.sampling import apply_repetition_penalty, row_key, sample_tokens, stop_candidates, uniforms
@@ -110,8 +110,9 @@ class HFEngine:
     def __init__(self, model, tokenizer, batch_size: int = 64, dtype: str | None = None, compact_fraction: float = 0.25,
                  fast_decode: bool = True, device=None, prefix_cache_mib: int = 2048):
         """`dtype` or `device` different from the model's makes a private copy in that dtype on that device
-        (synced by sync_weights, device to device); a LoRA policy gets a plain copy with the adapter merged in,
-        a policy split over several devices a whole copy on `device` (default: the policy's input device).
+        (synced by sync_weights, device to device); `dtype="int8"` (CPU): an fp32 copy (a plain fp32 model
+        itself) and its int8 quantization (rlvr.engines.int8); a LoRA policy gets a plain copy with the adapter
+        merged in, a policy split over several devices a whole copy on `device` (default: its input device).
         `compact_fraction`: finished rows leave the batch once they are this share of it. `fast_decode`: decode
         Llama-architecture models on the CPU with rlvr.engines.decode_llama (fused weights, shared-prefix attention)
         instead of the transformers forward. `prefix_cache_mib`: memory for the KV of completions generated with
@@ -127,11 +128,20 @@ class HFEngine:
         if target.type == "cuda" and target.index is None:  # "cuda" means the current device, as parameters say
             target = torch.device("cuda", torch.cuda.current_device())
         on_target = {p.device for p in model.parameters()} == {target}
-        if (dtype is not None and getattr(torch, dtype) != policy_dtype) or not on_target:
-            self.model = _empty_copy(model, getattr(torch, dtype) if dtype else policy_dtype, target)
+        self.int8, self._int8_decoder = dtype == "int8", None
+        if self.int8:  # rlvr.engines.int8: `weights` (fp32) take what sync_weights sends, `model` runs it in int8
+            int8.check_device(target)
+            plain = policy_dtype == torch.float32 and on_target and not hasattr(model, "get_base_model")
+            self.model = _empty_copy(model, torch.float32, target) if not plain else model
+            self.weights = self.model  # quantized by load_weights
+            self.load_weights(_merged_tensors(model))
+        elif (dtype is not None and getattr(torch, dtype) != policy_dtype) or not on_target:
+            self.model = self.weights = _empty_copy(model, getattr(torch, dtype) if dtype else policy_dtype, target)
             self.sync_weights(model)
+        else:
+            self.weights = model
         self._cache_kw = cache_keyword(self.model)
-        self.fast_decode = fast_decode and decode_llama.supports(self.model)
+        self.fast_decode = fast_decode and decode_llama.supports(self.weights)
         eos = self.model.generation_config.eos_token_id
         eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
         # an end-of-document token ends a response too (SmolLM2-Instruct ends turns with <|im_end|> but
@@ -154,8 +164,9 @@ class HFEngine:
             self.prefix_cache.clear()
 
     def named_tensors(self) -> dict[str, torch.Tensor]:
-        """The engine model's parameters and buffers by plain name: what `load_weights` writes into."""
-        return {**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}
+        """The engine model's parameters and buffers by plain name: what `load_weights` writes into (an int8
+        engine: its fp32 copy, quantized after each load)."""
+        return {**dict(self.weights.named_parameters()), **dict(self.weights.named_buffers())}
 
     @torch.no_grad()
     def load_weights(self, tensors) -> None:
@@ -167,6 +178,8 @@ class HFEngine:
             if name not in targets:
                 raise KeyError(f"sync_weights: the engine's model has no tensor {name!r}")
             targets[name].copy_(value)
+        if self.int8:
+            self.model, self._int8_decoder = int8.requantized(self.model, self.weights), None
 
     def generate(self, prompts: list[str] | list[list[int]], sampling: SamplingParams, progress=None,
                  keys: list[str] | None = None) -> list[Completion]:
@@ -203,7 +216,7 @@ class HFEngine:
         per_chunk = max(1, self.batch_size // sampling.n)
         results: list[Completion | None] = [None] * (len(prompts) * sampling.n)
         # the fused weights are built once per call, from the weights sync_weights last copied in
-        decoder = decode_llama.LlamaDecoder(self.model) if self.fast_decode else None
+        decoder = self._decoder() if self.fast_decode else None
         for c in range(0, len(order), per_chunk):
             chunk = order[c : c + per_chunk]
             for comp in self._generate_chunk([encoded[i] for i in chunk], [keys[i] for i in chunk], sampling,
@@ -212,6 +225,13 @@ class HFEngine:
                 results[comp.prompt_index * sampling.n + comp.sample_index] = comp
         self.stats["seconds"] += time.perf_counter() - start
         return results  # type: ignore[return-value]
+
+    def _decoder(self) -> decode_llama.LlamaDecoder:
+        """Fused from the weights as they are now (a shared policy changes in place); an int8 engine's change
+        only in load_weights, so its decoder is kept until then."""
+        if not self.int8 or self._int8_decoder is None:
+            self._int8_decoder = decode_llama.LlamaDecoder(self.model) if self.int8 else None
+        return self._int8_decoder or decode_llama.LlamaDecoder(self.model)
 
     def _forward(self, input_ids, attention, cache, logits_to_keep=1):
         position_ids = (attention.cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1] :]

@@ -231,7 +231,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     loses at most the block in flight, and `resume=true` continues with the next one."""
     from tqdm import tqdm
 
-    from rlvr.core.devices import native_dtype, resolve
+    from rlvr.core.devices import engine_dtype, resolve
     from rlvr.core.models import load_model
     from rlvr.engines.hf import HFEngine
     from rlvr.stages.run import RunInterrupted, StopRequests
@@ -252,8 +252,8 @@ def run_eval(cfg: EvalConfig) -> dict:
         kept = read_partial(partial, header)
     out.mkdir(parents=True, exist_ok=True)
     cfg.save(out / "config.yaml")
-    dtype = native_dtype(cfg.dtype, device)  # loaded in the engine's dtype: one copy of the weights
-    model, tokenizer = load_model(cfg.model, dtype=dtype, device=device)
+    dtype = engine_dtype(cfg.dtype, device)  # loaded in the engine's dtype: one copy of the weights (int8: fp32)
+    model, tokenizer = load_model(cfg.model, dtype="float32" if dtype == "int8" else dtype, device=device)
     engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size, dtype=dtype, prefix_cache_mib=cfg.env_cache_mib)
     sampling = sampling_params(cfg, stop=prompt.stop, seed=cfg.seed)
     blocks = eval_blocks(examples, prompt, tokenizer, max(1, cfg.batch_size // cfg.samples))

@@ -11,7 +11,7 @@ import torch
 
 from rlvr.config import TrainingFields
 from rlvr.core import checkpoint as ckpt
-from rlvr.core.devices import Placement, native_dtype, resolve_placement
+from rlvr.core.devices import Placement, engine_dtype, native_dtype, resolve_placement
 from rlvr.core.models import load_model, prepare_for_training
 from rlvr.engines.hf import HFEngine
 from rlvr.tasks.records import DataOrder
@@ -46,16 +46,22 @@ def placement(cfg: TrainingFields) -> Placement:
 
 
 def native_precision(cfg: TrainingFields, where: Placement) -> TrainingFields:
-    """`cfg` as this machine runs it: `precision` bf16 becomes fp32 and `generation_dtype` float32 where the
-    policy's or the engines' device has no native kernels for them (devices.native_dtype). Applied after
+    """`cfg` as this machine runs it: `precision` bf16 becomes fp32 where the policy's device has no native
+    kernels for it (devices.native_dtype), and `generation_dtype` what the engines' devices run
+    (devices.engine_dtype: int8 weights on a CPU without native bf16, float32 where int8 may not run). Applied after
     config.yaml is written, so a run records what was asked and the log says what ran; a sweep's record of the
     same run still matches its plan."""
     update = {}
     if cfg.precision == "bf16" and native_dtype("bfloat16", where.main) != "bfloat16":
         update["precision"] = "fp32"
     engines = {where.rollout, where.eval}
-    if any(native_dtype(cfg.generation_dtype, d) != cfg.generation_dtype for d in engines):
-        update["generation_dtype"] = "float32"
+    # int8 engines where bf16 is emulated, unless nothing corrects for their samples or Ray's workers run them
+    correction = getattr(cfg, "rollout_correction", None)
+    distributed = getattr(cfg, "distributed", None)
+    int8 = (correction is None or correction.mode != "none") and not (distributed is not None and distributed.enabled)
+    ran = {engine_dtype(cfg.generation_dtype, d, int8=int8) for d in engines}
+    if ran != {cfg.generation_dtype}:
+        update["generation_dtype"] = "float32" if "float32" in ran else ran.pop()
     return cfg.model_copy(update=update) if update else cfg
 
 
