@@ -177,7 +177,8 @@ class HFEngine:
         for name, value in (tensors.items() if isinstance(tensors, dict) else tensors):
             if name not in targets:
                 raise KeyError(f"sync_weights: the engine's model has no tensor {name!r}")
-            targets[name].copy_(value)
+            if targets[name] is not value:  # an int8 engine quantizing a plain fp32 policy holds its tensors
+                targets[name].copy_(value)
         if self.int8:
             self.model, self._int8_decoder = int8.requantized(self.model, self.weights), None
 
