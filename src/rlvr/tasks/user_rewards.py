@@ -25,6 +25,7 @@ import importlib
 import importlib.util
 import inspect
 import math
+import numbers
 import sys
 from pathlib import Path
 from typing import Callable
@@ -131,12 +132,7 @@ def _number(value, name: str, where: str) -> float | None:
         return None
     if isinstance(value, bool):
         return float(value)
-    try:
-        import numbers
-
-        ok = isinstance(value, numbers.Real) or (hasattr(value, "item") and getattr(value, "ndim", 1) == 0)
-    except Exception:  # pragma: no cover - a broken numbers ABC
-        ok = False
+    ok = isinstance(value, numbers.Real) or (hasattr(value, "item") and getattr(value, "ndim", 1) == 0)
     if not ok:
         raise RewardError(f"reward function {name!r} returned {type(value).__name__} {value!r:.80} for {where}; "
                           "expected a number or None")
@@ -201,7 +197,10 @@ class UserReward(RewardFn):
         except RewardError:
             raise
         except Exception as err:
-            raise RewardError(f"reward function {self.name!r} raised {type(err).__name__} on {where}: {err}") from err
+            raise self._raised(err, where) from err
+
+    def _raised(self, err: Exception, where: str) -> RewardError:
+        return RewardError(f"reward function {self.name!r} raised {type(err).__name__} on {where}: {err}")
 
     def start(self, responses, ground_truths, context):
         if not self.is_async:
@@ -211,14 +210,13 @@ class UserReward(RewardFn):
         async def run():
             import asyncio
 
-            async def one(kwargs, where):
+            async def one(kwargs, where):  # an async function raises when awaited, after _invoke returned
                 try:
                     return await self._invoke(kwargs, where)
                 except RewardError:
                     raise
                 except Exception as err:
-                    raise RewardError(f"reward function {self.name!r} raised {type(err).__name__} on {where}: "
-                                      f"{err}") from err
+                    raise self._raised(err, where) from err
 
             if self.kind == "batch":
                 return await one(calls, "the batch")
