@@ -111,6 +111,9 @@ def test_the_floors_hold_in_expectation_at_a_small_batch(k, hard, easy, signal):
     # at k = 4 and 0.1: a hard question in batches 3, 5, 8, 10, ... (credit 0.4, 0.8, 1.2 -> 1, 0.6, 1.0 -> 1)
     if (k, hard) == (4, 0.1):
         assert [h for h, _, _ in counts[:10]] == [0, 0, 1, 0, 1] * 2
+    # and the step logs what each floor gave (curriculum/batch_hard_share), the last batch's here
+    assert c.last["curriculum/batch_hard_share"] == counts[-1][0]
+    assert c.last["curriculum/batch_easy_share"] == counts[-1][1]
 
 
 def test_a_resumed_curriculum_carries_its_floors_credit():

@@ -58,13 +58,16 @@ class Curriculum:
         self.draws += 1
         pools = self.pools()
         chosen: list[int] = []
+        floors: dict[str, int] = {}
         for name in _SHARES:
             # exact: float shares such as 0.1 x 4 would drift when summed over thousands of batches
             self.credit[name] += k * Fraction(str(getattr(self.cfg, f"{name}_fraction")))
             want = int(self.credit[name])  # the whole part; the rest carries to the next batch
             self.credit[name] -= want
             want = min(want, k - len(chosen))
-            chosen += rng.sample(pools[name], min(want, len(pools[name])))
+            drawn = rng.sample(pools[name], min(want, len(pools[name])))
+            chosen += drawn
+            floors[name] = len(drawn)
         settled = set(pools["easy"]) | set(pools["hard"])
         for _ in range(4 * self.order.n):  # every question easy or hard: the floor pools fill the rest below
             if len(chosen) == k:
@@ -77,6 +80,9 @@ class Curriculum:
         while len(chosen) < k:  # fewer questions than a batch: repeat, as DataOrder does across epochs
             chosen.append(self.order.take(1)[0])
         self.last = self._batch_metrics(chosen, pools)
+        # what each pool's share gave this batch (the floors firing: at 4 questions and 0.1, a hard one every
+        # two or three batches); the order and the leftovers may add more of a pool's questions
+        self.last.update({f"curriculum/batch_{name}_share": float(n) for name, n in floors.items()})
         return chosen
 
     def pool_metrics(self, pools: dict[str, list[int]]) -> dict[str, float]:
