@@ -172,6 +172,7 @@ def test_native_precision_rewrites_the_run_config_not_the_request(monkeypatch, t
     monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: True)
     assert native_precision(cfg, where) is cfg
     monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: False)
+    monkeypatch.setattr(devices, "cpu_int8_is_faster", lambda: True)  # as with AVX-512 VNNI
     ran = native_precision(cfg, where)  # the engines run int8 weights there (tests/test_int8_engine.py)
     assert (ran.precision, ran.generation_dtype) == ("fp32", "int8")
     assert (cfg.precision, cfg.generation_dtype) == ("bf16", "bfloat16")  # the caller's config is untouched
@@ -188,6 +189,7 @@ def test_a_bf16_run_on_a_cpu_without_bf16_kernels_is_the_fp32_run_and_records_it
     from rlvr.training.rl import train_grpo
 
     monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: False)
+    monkeypatch.setattr(devices, "cpu_int8_is_faster", lambda: True)  # as with AVX-512 VNNI
     train_grpo(train_cfg(model_dir, tmp_path / "fp32", steps=2, generation_dtype="int8"))
     train_grpo(train_cfg(model_dir, tmp_path / "bf16", steps=2, precision="bf16", generation_dtype="bfloat16"))
     assert _metrics(tmp_path / "bf16") == _metrics(tmp_path / "fp32")

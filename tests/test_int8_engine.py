@@ -118,9 +118,13 @@ def test_the_engine_runs_int8_only_where_bf16_is_emulated_and_int8_is_allowed(mo
     monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: True)
     assert engine_dtype("bfloat16", "cpu") == "bfloat16" and engine_dtype("float32", "cpu") == "float32"
     monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: False)
+    monkeypatch.setattr(devices, "cpu_int8_is_faster", lambda: True)  # as with AVX-512 VNNI
     assert engine_dtype("bfloat16", "cpu") == "int8" and engine_dtype("float16", "cpu") == "int8"
     assert engine_dtype("bfloat16", "cpu", int8=False) == "float32"
     assert engine_dtype("float32", "cpu") == "float32" and engine_dtype("int8", "cpu") == "int8"
+    monkeypatch.setattr(devices, "cpu_int8_is_faster", lambda: False)  # an AVX2-only CPU: no faster in int8
+    assert engine_dtype("bfloat16", "cpu") == "float32" and engine_dtype("int8", "cpu") == "int8"
+    monkeypatch.setattr(devices, "cpu_int8_is_faster", lambda: True)
     monkeypatch.setattr(devices, "cpu_has_int8", lambda: False)
     assert engine_dtype("bfloat16", "cpu") == "float32"
     with pytest.raises(ValueError, match="int8 runs on a CPU"):
@@ -132,6 +136,7 @@ def test_a_run_resolves_int8_only_with_the_rollout_correction_on(monkeypatch, tm
 
     where = resolve_placement("cpu")
     monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: False)
+    monkeypatch.setattr(devices, "cpu_int8_is_faster", lambda: True)  # as with AVX-512 VNNI
     asked = load_config(TrainConfig, overrides={"out": str(tmp_path), "generation_dtype": "bfloat16"})
     assert native_precision(asked, where).generation_dtype == "int8"
     assert asked.generation_dtype == "bfloat16"  # config.yaml keeps the request
@@ -158,6 +163,7 @@ def test_a_bf16_run_on_a_cpu_without_bf16_kernels_samples_int8_and_corrects_for_
     from rlvr.training.rl import train_grpo
 
     monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: False)
+    monkeypatch.setattr(devices, "cpu_int8_is_faster", lambda: True)  # as with AVX-512 VNNI
     train_grpo(train_cfg(model_dir, tmp_path / "asked_bf16", steps=2, generation_dtype="bfloat16"))
     train_grpo(train_cfg(model_dir, tmp_path / "int8", steps=2, generation_dtype="int8"))
     strip = lambda rows: [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/")  # noqa: E731
