@@ -75,7 +75,8 @@ def main() -> None:
     from rlvr.tasks.datasets import load_split
     from rlvr.tasks.prompts import get_prompt
     from rlvr.tasks.records import DataOrder
-    from rlvr.training import rl
+    from rlvr import stages
+    from rlvr.tasks.reward_base import score_batch
 
     cfg = load_config(TrainConfig, overrides=dict(model=args.model, dataset="arithmetic", prompt="r1_zero",
                                                   rollout_batch_size=args.questions * args.group,
@@ -85,7 +86,7 @@ def main() -> None:
     model.eval()
     train = load_split(cfg, "train")
     prompt = get_prompt(cfg.prompt)
-    reward_fn = rl.build_reward_fn(cfg, prompt.reward)
+    reward_fn = stages.build_reward_fn(cfg, prompt.reward)
     results = {"machine": machine(), "args": vars(args), "variants": {}}
     for variant in args.variants.split(","):
         dtype = {"int8": "int8", "fp32": "float32"}.get(variant, "bfloat16")
@@ -102,11 +103,11 @@ def main() -> None:
 
             engine.sync_weights = rounded_sync
         start = time.perf_counter()
-        rollouts = rl.collect_rollouts(engine, model, train, DataOrder(len(train), f"grpo-{cfg.seed}"), prompt, tokenizer, cfg, 1)
+        rollouts = stages.collect_rollouts(engine, model, train, DataOrder(len(train), f"grpo-{cfg.seed}"), prompt, tokenizer, cfg, 1)
         generate_s = time.perf_counter() - start
-        batch = rl.score_rollouts(rollouts, reward_fn, cfg.estimator, cfg, tokenizer).batch
+        batch = stages.score_rollouts(rollouts, reward_fn, cfg.estimator, cfg, tokenizer).batch
         row = {"generate_s": generate_s, "mean_tokens": float(batch.response_mask.sum(1).float().mean()),
-               "reward": sum(s["reward"] for s in rl.score_batch(reward_fn, rollouts.responses, rollouts.truths)[0])
+               "reward": sum(s["reward"] for s in score_batch(reward_fn, rollouts.responses, rollouts.truths)[0])
                / len(rollouts.completions)}
         print(f"{variant:14s} generated {int(batch.response_mask.sum())} tokens in {generate_s:.1f} s, reward "
               f"{row['reward']:.3f}", flush=True)

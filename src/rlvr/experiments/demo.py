@@ -44,10 +44,10 @@ def _eval(cfg: DemoConfig, model: str, out: Path, baseline: bool = False, limit:
     return run_eval(eval_cfg)
 
 
-# Each stage's share of a whole demo's time (2026-12-04, AMD EPYC, 2 cores, 896 s in all): what is left is
+# Each stage's share of a whole demo's time (2026-12-06, Intel Xeon, 2 cores, 920 s in all): what is left is
 # estimated from the stages done so far and these shares
-_SHARES = {"prompting baseline": 0.08, "baseline eval": 0.03, "sft": 0.26, "sft eval": 0.11, "grpo": 0.41,
-           "grpo eval": 0.11}
+_SHARES = {"prompting baseline": 0.02, "baseline eval": 0.01, "sft": 0.27, "sft eval": 0.06, "grpo": 0.57,
+           "grpo eval": 0.07}
 
 
 class _Stages:
