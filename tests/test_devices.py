@@ -172,9 +172,8 @@ def test_native_precision_rewrites_the_run_config_not_the_request(monkeypatch, t
     monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: True)
     assert native_precision(cfg, where) is cfg
     monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: False)
-    monkeypatch.setattr(devices, "cpu_int8_is_faster", lambda: True)  # as with AVX-512 VNNI
-    ran = native_precision(cfg, where)  # the engines run int8 weights there (tests/test_int8_engine.py)
-    assert (ran.precision, ran.generation_dtype) == ("fp32", "int8")
+    ran = native_precision(cfg, where)
+    assert (ran.precision, ran.generation_dtype) == ("fp32", "float32")
     assert (cfg.precision, cfg.generation_dtype) == ("bf16", "bfloat16")  # the caller's config is untouched
     fp32 = load_config(TrainConfig, overrides={"out": str(tmp_path), "precision": "fp32",
                                                "generation_dtype": "float32"})
@@ -184,13 +183,11 @@ def test_native_precision_rewrites_the_run_config_not_the_request(monkeypatch, t
 def test_a_bf16_run_on_a_cpu_without_bf16_kernels_is_the_fp32_run_and_records_its_request(tmp_path, model_dir,
                                                                                          monkeypatch):
     """Emulated bf16 is tens of times slower than float32 (72x for a matmul on an AVX2-only EPYC): such a CPU
-    trains in fp32 (its engines run int8 weights: tests/test_int8_engine.py), while config.yaml keeps what was
-    asked (a sweep's record still matches its plan)."""
+    runs the fp32 computation, while config.yaml keeps what was asked (a sweep's record still matches its plan)."""
     from rlvr.training.rl import train_grpo
 
     monkeypatch.setattr(devices, "cpu_has_native", lambda dtype: False)
-    monkeypatch.setattr(devices, "cpu_int8_is_faster", lambda: True)  # as with AVX-512 VNNI
-    train_grpo(train_cfg(model_dir, tmp_path / "fp32", steps=2, generation_dtype="int8"))
+    train_grpo(train_cfg(model_dir, tmp_path / "fp32", steps=2))
     train_grpo(train_cfg(model_dir, tmp_path / "bf16", steps=2, precision="bf16", generation_dtype="bfloat16"))
     assert _metrics(tmp_path / "bf16") == _metrics(tmp_path / "fp32")
     saved = load_config(TrainConfig, path=tmp_path / "bf16" / "config.yaml")

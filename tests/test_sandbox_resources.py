@@ -93,13 +93,19 @@ def _skip_reason(user: str) -> str | None:
     return None
 
 
-def _pyseccomp_dir(tmp: Path) -> Path:
-    import pyseccomp
+def _readable_copy(tmp: Path) -> tuple[Path, Path]:
+    """(PYTHONPATH dir, attack script) copied into `tmp`, which uid 65534 can read: a checkout under /root (0700)
+    cannot be read by it, and neither can the venv's pyseccomp; test_sandbox.py copies alike."""
+    where = tmp / "site"
+    if not where.is_dir():
+        import pyseccomp
 
-    where = tmp / "pyseccomp"
-    where.mkdir(exist_ok=True)
-    shutil.copy(pyseccomp.__file__, where)
-    return where
+        shutil.copytree(SRC / "rlvr", where / "rlvr", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "data"))
+        shutil.copy(pyseccomp.__file__, where)
+        shutil.copy(attacks.__file__, where)
+        for path in [where, *where.rglob("*")]:
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    return where, where / Path(attacks.__file__).name
 
 
 def grader(user: str, scenario: str, settings: dict, tmp: Path, limit_mb: int = 8192, wait: bool = True):
@@ -110,12 +116,13 @@ def grader(user: str, scenario: str, settings: dict, tmp: Path, limit_mb: int = 
     config.write_text(json.dumps(settings))
     os.chmod(config, 0o644)
     python = SYSTEM_PYTHON if os.path.exists(SYSTEM_PYTHON) else sys.executable
-    argv = [python, str(Path(attacks.__file__)), scenario, str(config)]
+    site, script = _readable_copy(tmp)
+    argv = [python, str(script), scenario, str(config)]
     if user == "nobody":
         argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
     measured = Measured(limit_mb)
     env = {"PATH": settings.get("path", os.environ.get("PATH", "/usr/bin:/bin")), "HOME": str(tmp),
-           "PYTHONPATH": f"{SRC}:{_pyseccomp_dir(tmp)}", "PYTHONDONTWRITEBYTECODE": "1"}
+           "PYTHONPATH": str(site), "PYTHONDONTWRITEBYTECODE": "1"}
     proc = subprocess.Popen(measured.wrap(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=tmp, env=env)
     return proc, measured

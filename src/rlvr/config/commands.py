@@ -38,7 +38,7 @@ class EvalConfig(DataFields):
     repetition_penalty: float = Field(1.0, gt=0)
     batch_size: int = Field(64, ge=1, description="rows decoded together")
     dtype: EngineDtype = Field("float32", description="generation dtype (bfloat16 is about 2x faster on a CPU with "
-                               "AVX512-BF16 or AMX; one without native kernels runs int8 weights instead; int8: "
+                               "AVX512-BF16 or AMX; one without native kernels runs float32; int8: int8 weights, "
                                "CPU only)")
     device: str = Field("auto", description=DEVICE_HELP)
     out: str | None = Field(None, description="output directory (default runs/eval/<model>-<prompt>-<split>)")

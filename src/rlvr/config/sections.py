@@ -205,9 +205,9 @@ class TrainingFields(DataFields):
     eval_sampled_samples: int = Field(0, ge=0, description="also validate with N samples per question at "
                                       "eval_sampled_temperature (0: off): val_sampled/accuracy = sampled pass@1")
     eval_sampled_temperature: float = Field(1.0, gt=0, description="temperature of the sampled validation")
-    generation_dtype: EngineDtype = Field("bfloat16", description="dtype of the rollout/eval engine's weight copy; "
-                                          "on a CPU without native bf16 kernels it runs int8 weights (the rollout "
-                                          "correction on) or float32; int8: CPU only")
+    generation_dtype: EngineDtype = Field("bfloat16", description="dtype of the rollout/eval engine's weight copy "
+                                          "(float32 on a CPU without native kernels for it); int8: int8 weights, "
+                                          "CPU only, needs the rollout correction (rlvr.engines.int8)")
     generation_batch_size: int = Field(64, ge=1, description="rows decoded together; larger pays when G samples "
                                        "share a prompt (256 at G=16: 1.6x of 64), not at one sample per prompt (0.84x)")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")

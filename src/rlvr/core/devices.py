@@ -98,28 +98,22 @@ def native_dtype(dtype: str, device) -> str:
     return "float32"
 
 
-def engine_dtype(dtype: str, device, int8: bool = True) -> str:
+def engine_dtype(dtype: str, device) -> str:
     """The dtype a rollout or evaluation engine on `device` runs in: `dtype` where the device computes in it
-    natively. On a CPU without native kernels for bf16 / fp16 (where native_dtype falls back to float32): int8
-    weights (rlvr.engines.int8) when `int8` and they are faster here (cpu_int8_is_faster: AVX-512 VNNI), float32
-    otherwise; the caller says `int8=False` where nothing corrects for the engine sampling from
-    another distribution than the policy (rollout_correction.mode=none) or where int8 is not wired (Ray's
-    workers). int8 asked for on a GPU is an error."""
+    natively, float32 where it would emulate a reduced precision (native_dtype), and int8 weights
+    (rlvr.engines.int8) only when asked for, on a CPU whose torch multiplies int8 matrices. Not chosen
+    automatically: on the arithmetic recipe its rollouts were no faster than float32's (short answers: the
+    per-step work int8 does not speed dominates) and one seed pair did not show it learning as well (docs/
+    experiment_log.md, 2026-12-06 night)."""
     import torch
 
     kind = torch.device(device).type
     if dtype == "int8":
-        if kind != "cpu":
-            raise ValueError(f"dtype int8 runs on a CPU (rlvr.engines.int8); this engine is on {device}: "
-                             "use bfloat16 there")
+        if kind != "cpu" or not cpu_has_int8():
+            raise ValueError(f"dtype int8 runs on a CPU where torch multiplies int8 matrices (rlvr.engines.int8); "
+                             f"this engine is on {device}: use bfloat16 or float32 there")
         return dtype
-    if dtype == "float32" or has_native(dtype, kind):
-        return dtype
-    if kind == "cpu" and int8 and cpu_has_int8() and cpu_int8_is_faster():
-        _note_int8(dtype)
-        return "int8"
-    _warn_emulated(dtype, kind)
-    return "float32"
+    return native_dtype(dtype, device)
 
 
 @functools.cache
@@ -132,29 +126,6 @@ def cpu_has_int8() -> bool:
         return torch._int_mm(a, a.t()).tolist() == [[5, -5], [-5, 25]]
     except (AttributeError, RuntimeError, NotImplementedError):
         return False
-
-
-@functools.cache
-def cpu_int8_is_faster() -> bool:
-    """Whether int8 weights decode faster than float32 here: a CPU with AVX-512 and VNNI (its int8 dot
-    products; Cascade Lake, Ice Lake and later Xeons, Zen 4). Measured (bench/rollout.py --int8, 2026-12-06, a
-    2-core Xeon): 1.30x float32's tokens/s for 64 prompts and 1.48x for 8 prompts x 8 samples with AVX-512 VNNI;
-    1.0-1.1x with torch and oneDNN limited to AVX2 (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2), which
-    buys no time for its rounding, so an AVX2-only CPU keeps float32."""
-    import torch
-
-    try:
-        return torch.backends.cpu.get_cpu_capability() == "AVX512" and bool(torch.cpu._is_vnni_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
-@functools.cache
-def _note_int8(dtype: str) -> None:
-    log.warning("this CPU has no native %s kernels (%s): the rollout/eval engine runs int8 weights (rlvr.engines.int8, "
-                "faster than float32 on this CPU's VNNI; bench/rollout.py --int8); the trainer corrects "
-                "for the difference (rollout_correction). generation_dtype=float32 keeps float32", dtype,
-                _capability("cpu"))
 
 
 def has_native(dtype: str, kind: str) -> bool:

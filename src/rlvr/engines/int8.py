@@ -1,11 +1,14 @@
-"""int8 weights for the rollout and evaluation engine on CPUs without native bf16 (issue 59).
+"""int8 weights for the rollout and evaluation engine (issue 59; `generation_dtype=int8`, opt-in).
 
-Such a CPU (an AVX2-only EPYC, most laptops) runs bf16 matmuls emulated, tens of times slower than fp32, so
-the engine used to fall back to fp32. Here every linear layer, the LM head included, holds its weight in int8
+For CPUs without native bf16, which run bf16 matmuls emulated, tens of times slower than fp32, so that their
+engine falls back to fp32. Here every linear layer, the LM head included, holds its weight in int8
 with one scale per output row (symmetric: the row's largest |w| / 127), and each input row is quantized the
 same way on the fly; torch's integer matmul (`torch._int_mm`, oneDNN's s8 GEMM, the kernel torchao's int8
 dynamic quantization uses) multiplies them exactly in int32, and the two scales turn the result back into
-floats. At decode's shapes that ran 3x the fp32 matmul (bench/rollout.py --int8).
+floats. At decode's shapes that ran 3x the fp32 matmul with AVX-512 VNNI, 1.3x under an AVX2 limit; the engine
+1.30-1.48x fp32's tokens/s at 128 new tokens, 1.00-1.12x under the AVX2 limit, and no faster on the arithmetic
+recipe's short answers (bench/rollout.py --int8; docs/experiment_log.md, 2026-12-06 night). So nothing chooses
+it for the user yet.
 
 Why per row and not torch.ao's dynamic quantization (one activation scale for the whole batch): a row's
 result here depends on that row only (integer products are exact, the scales are per row), so what a

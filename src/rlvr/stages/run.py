@@ -46,22 +46,17 @@ def placement(cfg: TrainingFields) -> Placement:
 
 
 def native_precision(cfg: TrainingFields, where: Placement) -> TrainingFields:
-    """`cfg` as this machine runs it: `precision` bf16 becomes fp32 where the policy's device has no native
-    kernels for it (devices.native_dtype), and `generation_dtype` what the engines' devices run
-    (devices.engine_dtype: int8 weights on a CPU without native bf16, float32 where int8 may not run). Applied after
+    """`cfg` as this machine runs it: `precision` bf16 becomes fp32 and `generation_dtype` float32 where the
+    policy's or the engines' device has no native kernels for them (devices.native_dtype; int8 engines run as
+    asked, on the CPU: devices.engine_dtype). Applied after
     config.yaml is written, so a run records what was asked and the log says what ran; a sweep's record of the
     same run still matches its plan."""
     update = {}
     if cfg.precision == "bf16" and native_dtype("bfloat16", where.main) != "bfloat16":
         update["precision"] = "fp32"
     engines = {where.rollout, where.eval}
-    # int8 engines where bf16 is emulated, unless nothing corrects for their samples or Ray's workers run them
-    correction = getattr(cfg, "rollout_correction", None)
-    distributed = getattr(cfg, "distributed", None)
-    int8 = (correction is None or correction.mode != "none") and not (distributed is not None and distributed.enabled)
-    ran = {engine_dtype(cfg.generation_dtype, d, int8=int8) for d in engines}
-    if ran != {cfg.generation_dtype}:
-        update["generation_dtype"] = "float32" if "float32" in ran else ran.pop()
+    if any(engine_dtype(cfg.generation_dtype, d) != cfg.generation_dtype for d in engines):
+        update["generation_dtype"] = "float32"
     return cfg.model_copy(update=update) if update else cfg
 
 
