@@ -228,11 +228,11 @@ class HFEngine:
         return results  # type: ignore[return-value]
 
     def _decoder(self) -> decode_llama.LlamaDecoder:
-        """Fused from the weights as they are now (a shared policy changes in place); an int8 engine's change
-        only in load_weights, so its decoder is kept until then."""
-        if not self.int8 or self._int8_decoder is None:
-            self._int8_decoder = decode_llama.LlamaDecoder(self.model) if self.int8 else None
-        return self._int8_decoder or decode_llama.LlamaDecoder(self.model)
+        if not self.int8:  # fused from the weights as they are now (a shared policy changes in place)
+            return decode_llama.LlamaDecoder(self.model)
+        if self._int8_decoder is None:  # an int8 engine's weights change only in load_weights
+            self._int8_decoder = decode_llama.LlamaDecoder(self.model)
+        return self._int8_decoder
 
     def _forward(self, input_ids, attention, cache, logits_to_keep=1):
         position_ids = (attention.cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1] :]
