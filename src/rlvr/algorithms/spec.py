@@ -124,14 +124,14 @@ class EstimatorSpec:
         check_choice("kl_estimator", spec.kl_estimator, KL_ESTIMATORS)
         check_choice("reward_signal", spec.reward_signal, REWARD_SIGNALS)
         check_choice("advantage", spec.advantage, tuple(ADVANTAGES))
-        if spec.advantage == "group" and spec.baseline == "none" and spec.advantage_normalizer == "std" and seed_call:
+        if spec.advantage == "group" and spec.baseline == "none" and spec.advantage_normalizer == "std":
+            if not seed_call:
+                raise ValueError("baseline='none' with advantage_normalizer='std' divides raw rewards by the group "
+                                 "std: a group that is all right gets advantages of 1/eps = 1e6; use baseline='mean'")
             import warnings
 
             warnings.warn("baseline='none' with advantage_normalizer='std' divides raw rewards by the group std: an "
                           "all-right group gets advantages of 1/eps", stacklevel=3)
-        elif spec.advantage == "group" and spec.baseline == "none" and spec.advantage_normalizer == "std":
-            raise ValueError("baseline='none' with advantage_normalizer='std' divides raw rewards by the group std: "
-                             "a group that is all right gets advantages of 1/eps = 1e6; use baseline='mean'")
         if method in ("clip", "grpo", "gspo") and spec.cliprange is None:
             raise ValueError(f"importance_reweighting_method={method!r} needs cliprange")
         if method == "cispo" and spec.cliprange is None and spec.cliprange_high is None:

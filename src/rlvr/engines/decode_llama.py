@@ -24,6 +24,8 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from rlvr.engines import int8
+
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
@@ -160,8 +162,6 @@ class LlamaDecoder:
 
 def _fused(*linears):
     """One matmul computing `linears`' outputs side by side (their weights stacked by output row)."""
-    from rlvr.engines import int8
-
     if all(isinstance(m, int8.Int8Linear) for m in linears):
         return int8.fused(linears)
     weight = torch.cat([m.weight for m in linears]) if len(linears) > 1 else linears[0].weight

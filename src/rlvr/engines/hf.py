@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from rlvr.core.devices import input_device
+from rlvr.core.devices import engine_dtype, input_device
 from rlvr.core.models import cache_keyword
 from rlvr.engines import decode_llama, int8
 from rlvr.engines.base import Completion, SamplingParams
@@ -130,7 +130,7 @@ class HFEngine:
         on_target = {p.device for p in model.parameters()} == {target}
         self.int8, self._int8_decoder = dtype == "int8", None
         if self.int8:  # rlvr.engines.int8: `weights` (fp32) take what sync_weights sends, `model` runs it in int8
-            int8.check_device(target)
+            engine_dtype("int8", target)  # a CPU that multiplies int8 matrices, or a clear error
             plain = policy_dtype == torch.float32 and on_target and not hasattr(model, "get_base_model")
             self.model = _empty_copy(model, torch.float32, target) if not plain else model
             self.weights = self.model  # quantized by load_weights
@@ -216,7 +216,7 @@ class HFEngine:
         order = sorted(range(len(prompts)), key=lambda i: -(len(encoded[i]) - (cached[i][0] if cached[i] else 0)))
         per_chunk = max(1, self.batch_size // sampling.n)
         results: list[Completion | None] = [None] * (len(prompts) * sampling.n)
-        # the fused weights are built once per call, from the weights sync_weights last copied in
+        # the fused weights: from the weights sync_weights last copied in (_decoder)
         decoder = self._decoder() if self.fast_decode else None
         for c in range(0, len(order), per_chunk):
             chunk = order[c : c + per_chunk]

@@ -26,14 +26,6 @@ import copy
 import torch
 
 
-def check_device(device: torch.device) -> None:
-    from rlvr.core.devices import cpu_has_int8
-
-    if device.type != "cpu" or not cpu_has_int8():
-        raise ValueError(f"dtype='int8' runs on a CPU where torch multiplies int8 matrices (torch._int_mm); this "
-                         f"engine is on {device}")
-
-
 class Int8Linear(torch.nn.Module):
     """y = x W^T (no bias) with W in int8 per output row and x quantized per row when called."""
 

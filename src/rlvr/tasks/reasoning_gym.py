@@ -325,7 +325,7 @@ class ReasoningGymReward(RewardFn):
             raise ValueError(f"reward reasoning_gym: {len(rows)} rows for {len(responses)} responses (one row each)")
         # a prompt that opens the answer itself ("... <answer>", a prefilled assistant turn) leaves the response
         # "-39</answer>": the tag it opened is the response's too
-        prompts = (context.prompts if context.prompts is not None else None) or [""] * len(responses)
+        prompts = context.prompts or [""] * len(responses)
         responses = [f"<answer>{r}" if str(p).rstrip().endswith("<answer>") and "<answer>" not in r else r
                      for r, p in zip(responses, prompts)]
         scores = [self.score(r, row) for r, row in zip(responses, rows)]

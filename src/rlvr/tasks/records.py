@@ -151,8 +151,7 @@ def load_jsonl(
             raw_answer = str(raw_answer)
         if not isinstance(raw_answer, str) or not raw_answer.strip():
             raise DataError(f"{where}: field {answer_field!r} must be a non-empty string or number")
-        is_gsm8k = ("####" in raw_answer) if gsm8k_answers is None else gsm8k_answers
-        answer, solution = split_answer(raw_answer, where, is_gsm8k)
+        answer, solution = split_answer(raw_answer, where, gsm8k_answers)
         if solution_field:
             solution = str(row[solution_field])
         examples.append(Example(question.strip(), answer, solution, id=f"{path.stem}:{lineno}", fields=row))
