@@ -222,3 +222,111 @@ def test_the_entropy_bonus_gradient_is_the_closed_form_on_a_small_categorical():
                                    temperature=temperature)
     assert not plain["token_entropy"].requires_grad
     torch.testing.assert_close(plain["token_entropy"], out["token_entropy"].detach())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Mixed-precision training on the CPU (issue 59): attention in float32, one autocast region per update
+
+
+def _attention_inputs(seed: int = 0):
+    torch.manual_seed(seed)
+    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)  # q and k leave RoPE in fp32 under autocast
+    v = torch.randn(2, 2, 5, 8).to(torch.bfloat16)  # v leaves its projection in bf16
+    return q, k, v, types.SimpleNamespace(num_key_value_groups=2, is_causal=True, training=False)
+
+
+def test_training_attention_runs_in_float32_under_cpu_autocast_and_is_sdpa_elsewhere():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from rlvr.core.models import _sdpa_fp32_on_cpu
+
+    q, k, v, module = _attention_inputs()
+    exact, _ = sdpa_attention_forward(module, q, k, v.float(), None)  # float32 throughout, no autocast
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours, _ = _sdpa_fp32_on_cpu(module, q, k, v, None)
+        autocast_sdpa, _ = sdpa_attention_forward(module, q, k, v, None)
+    assert ours.dtype == autocast_sdpa.dtype == torch.bfloat16  # what follows sees what autocast's SDPA returns
+    assert torch.equal(ours, exact.to(torch.bfloat16))  # computed in fp32, rounded once at the end
+    assert not torch.equal(autocast_sdpa, ours)  # autocast's own SDPA rounds q, k, v to bf16 first
+    # no autocast (the engines' inference, fp32 training): SDPA exactly as transformers runs it
+    plain, _ = _sdpa_fp32_on_cpu(module, q, k, v.float(), None)
+    assert torch.equal(plain, exact)
+
+
+def test_prepare_for_training_uses_it_without_saving_it(tiny_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.core.models import TRAINING_ATTENTION, prepare_for_training
+
+    model = prepare_for_training(tiny_model)
+    assert model.config._attn_implementation == TRAINING_ATTENTION
+    assert all(layer.self_attn.config._attn_implementation == TRAINING_ATTENTION for layer in model.model.layers)
+    model.save_pretrained(tmp_path / "saved")  # a checkpoint another program loads: plain SDPA there
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "saved").config._attn_implementation == "sdpa"
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()  # trains: the fp32 attention has a backward
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def _update_per_microbatch_regions(model, optimizer, batch, spec, steps):
+    """The update as it ran before issue 59: each microbatch's forward in its own autocast region, the loss and
+    backward outside any (the reference the one-region update must equal bit for bit)."""
+    from rlvr.algorithms.losses import aggregate_loss_across_microbatch, microbatch_loss_scale, whole_batch_normalizer
+    from rlvr.algorithms.spec import policy_loss
+    from rlvr.algorithms.update import _microbatches, _row_widths
+
+    n, mask_all = len(batch), batch.response_mask
+    normalizer = whole_batch_normalizer(spec.loss_normalization, mask_all, spec.normalization_constant)
+    widths = _row_widths(mask_all)
+    model.train()
+    for mb in _microbatches(list(range(n)), batch.input_ids, mask_all, -(-n // steps)):
+        idx, w = torch.tensor(mb), int(widths[mb].max())
+        mask = mask_all[idx, :w]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            lp = get_response_log_probs(model, batch.input_ids[idx, :w], batch.labels[idx, :w], True,
+                                        positions=mask, share_prefix=True)["log_probs"]
+        per_token, _ = policy_loss(spec, batch.advantages[idx], lp, lp.detach(), mask)
+        loss = aggregate_loss_across_microbatch(per_token, mask, spec.loss_normalization, normalizer)
+        (loss * microbatch_loss_scale(spec.loss_normalization, len(mb), n)).backward()
+
+
+def test_a_bf16_update_in_one_autocast_region_equals_per_microbatch_regions_and_casts_each_weight_once(
+        tiny_model, tokenizer):
+    import copy
+
+    from rlvr.algorithms.spec import EstimatorSpec
+    from rlvr.algorithms.update import TrainBatch, policy_gradient_update
+
+    prompts = ["1 + 2 =", "1 + 2 =", "3 + 4 =", "3 + 4 =", "5 + 6 =", "5 + 6 ="]
+    tok = tokenize_prompt_and_output(prompts, [" 3", " three", " 7", " 8 or so", " 11", " 12"], tokenizer)
+    batch = TrainBatch(tok["input_ids"], tok["labels"], tok["response_mask"],
+                       torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0]))
+    spec = EstimatorSpec("mean", "none", "none", "sequence")
+    reference = copy.deepcopy(tiny_model)
+    _update_per_microbatch_regions(reference, None, batch, spec, steps=3)
+    # the update's gradients, caught before its optimizer step (lr 0 would still let AdamW read them)
+    grads = {}
+    optimizer = torch.optim.SGD(tiny_model.parameters(), lr=0.0)
+    step = optimizer.step
+    optimizer.step = lambda: (grads.update({n: p.grad.clone() for n, p in tiny_model.named_parameters()}), step())
+    from torch.profiler import profile
+
+    with profile(record_shapes=True) as prof:
+        policy_gradient_update(tiny_model, optimizer, batch, spec, 3, None, on_policy_ratio=True, precision="bf16")
+
+    def in_backward(event):
+        while event is not None:
+            if "Backward" in event.name:
+                return True
+            event = event.cpu_parent
+        return False
+
+    shape = list(tiny_model.model.layers[0].mlp.down_proj.weight.shape)  # the down projections' shape alone
+    casts = [e for e in prof.events() if e.name == "aten::_to_copy" and e.input_shapes and e.input_shapes[0] == shape
+             and not in_backward(e)]
+    for name, p in reference.named_parameters():
+        assert torch.equal(grads[name], p.grad), name  # the loss and backward still run outside autocast
+    # each layer's down_proj weight went to bf16 once in the forward passes, not once for each of 3 microbatches
+    assert len(casts) == len(tiny_model.model.layers)

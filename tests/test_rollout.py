@@ -264,3 +264,43 @@ def test_stop_strings_matched_on_token_ids_end_every_row_where_decoding_every_st
             assert c.entropies == pytest.approx(f.entropies[: len(c.token_ids)], abs=1e-6)
             ended += k is not None and f.token_ids[k - 1] not in engine.eos_ids
         assert ended >= 1, stop  # the stop string really cut a row short
+
+
+INSTRUCTION = "Solve the problem. Think first, then give the answer between the answer tags, like this. Problem: "
+
+
+@pytest.mark.parametrize("fast_decode", [True, False])
+@pytest.mark.parametrize("samples", [1, 3])
+def test_a_shared_prompt_beginning_is_prefilled_once_and_changes_no_completion(tiny_model, tokenizer, fast_decode,
+                                                                               samples):
+    # issue 59: an instruction every prompt starts with is prefilled once per call; each prompt prefills the rest
+    prompts = [INSTRUCTION + q for q in ("2+3?", "what is 12 times 4, in words?", "7-1?", "9?")]
+    encoded = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+    common = next(k for k in range(len(encoded[0])) if len({tuple(e[: k + 1]) for e in encoded}) > 1)
+    assert common >= 16
+    sp = SamplingParams(temperature=1.0, max_new_tokens=10, n=samples, seed=3, logprobs=True, entropy=True)
+    shared = HFEngine(tiny_model, tokenizer, batch_size=64, fast_decode=fast_decode)
+    plain = HFEngine(tiny_model, tokenizer, batch_size=64, fast_decode=fast_decode, share_prompt_prefix=False)
+    a, b = shared.generate(prompts, sp), plain.generate(prompts, sp)
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    for x, y in zip(a, b):
+        torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5, rtol=0)
+        torch.testing.assert_close(torch.tensor(x.entropies), torch.tensor(y.entropies), atol=1e-5, rtol=0)
+    # one batch, right-aligned: every row feeds the longest prompt's ids after the shared ones
+    fed = max(len(e) for e in encoded) - common
+    assert shared.stats["prefill_tokens"] == fed * len(prompts)
+    assert shared.stats["shared_prompt_tokens"] == sum(len(e) - fed for e in encoded)
+    assert plain.stats["shared_prompt_tokens"] == 0 and plain.stats["prefill_tokens"] == sum(map(len, encoded))
+    assert shared.stats["cached_tokens"] == 0  # kept completions' KV is counted apart
+
+
+def test_prompts_sharing_fewer_ids_than_the_minimum_prefill_whole(tiny_model, tokenizer):
+    from rlvr.engines.hf import MIN_SHARED_PROMPT
+
+    engine = HFEngine(tiny_model, tokenizer, batch_size=64)
+    engine.generate(PROMPTS, SamplingParams(temperature=0, max_new_tokens=4))  # nothing shared
+    prompts = [INSTRUCTION[:10] + "2+3?", INSTRUCTION[:10] + "4+4?"]  # a few ids shared
+    assert len(tokenizer(INSTRUCTION[:10], add_special_tokens=False).input_ids) < MIN_SHARED_PROMPT
+    engine.generate(prompts, SamplingParams(temperature=0, max_new_tokens=4))
+    engine.generate([INSTRUCTION + "2+3?"], SamplingParams(temperature=0, max_new_tokens=4, n=4))  # one prompt
+    assert engine.stats["shared_prompt_tokens"] == 0

@@ -40,6 +40,15 @@ def autocast(precision: str, model=None):
     return contextlib.nullcontext()
 
 
+def autocast_paused(precision: str, model=None):
+    """Inside an `autocast` region, a stretch at each op's own precision (a loss, a backward pass) that does not
+    end the region: autocast keeps its bf16 copy of each weight until its outermost region ends, so an update
+    whose microbatches share one region casts every weight once instead of once per microbatch."""
+    if precision == "bf16":
+        return torch.autocast(input_device(model).type if model is not None else "cpu", enabled=False)
+    return contextlib.nullcontext()
+
+
 def tokenize_prompt_and_output(prompt_strs: list[str], output_strs: list[str], tokenizer) -> dict[str, torch.Tensor]:
     """Tokenise prompts and outputs separately (no special tokens), concatenate, pad on the right.
 

@@ -32,7 +32,7 @@ from rlvr.algorithms.losses import (
     rollout_correction_weights,
     whole_batch_normalizer,
 )
-from rlvr.algorithms.policy import autocast, get_response_log_probs
+from rlvr.algorithms.policy import autocast, autocast_paused, get_response_log_probs
 from rlvr.algorithms.spec import EstimatorSpec, policy_loss
 from rlvr.core.devices import input_device
 
@@ -288,50 +288,56 @@ def policy_gradient_update(
     total_entropy_loss = torch.zeros((), device=device)
     # decided for the whole batch, not per microbatch: every data-parallel rank reports the same metrics
     stats.corrected = correction.mode != "none" and batch.rollout_log_probs is not None
-    for mb in _microbatches(kept, batch.input_ids, mask_all, microbatch_size):
-        idx, w = torch.tensor(mb), int(widths[mb].max())
-        mask = mask_all[idx, :w].to(device, non_blocking=True)
-        on_device = lambda t: t[idx, :w].to(device, non_blocking=True)  # noqa: E731
-        with autocast(precision, model):
+    # one autocast region for every microbatch: each weight is cast to bf16 once per update, not once per
+    # microbatch; the loss and the backward pass run with it paused, at their own precision
+    with autocast(precision, model):
+        for mb in _microbatches(kept, batch.input_ids, mask_all, microbatch_size):
+            idx, w = torch.tensor(mb), int(widths[mb].max())
+            mask = mask_all[idx, :w].to(device, non_blocking=True)
+            on_device = lambda t: t[idx, :w].to(device, non_blocking=True)  # noqa: E731
             scored = get_response_log_probs(model, batch.input_ids[idx, :w], batch.labels[idx, :w],
                                             return_token_entropy=True, positions=mask, share_prefix=share_prefix,
                                             temperature=temperature, teacher=teacher if spec.exact_distill else None,
                                             kl_direction=spec.distill_kl, entropy_grad=spec.entropy_coef > 0)
-        log_probs = scored["log_probs"]
-        if not bool(torch.isfinite(log_probs[mask]).all()):
-            diverged = True  # raised below, after the collective every learner must reach
-            break
-        old = log_probs.detach() if on_policy_ratio else (
-            on_device(batch.old_log_probs).to(log_probs.dtype) if batch.old_log_probs is not None else None)
-        if old is not None and not on_policy_ratio:
-            old = torch.where(torch.isnan(old), log_probs.detach(), old)
-        weights = None
-        if batch.rollout_log_probs is not None:
-            # the policy the rollouts should have come from: pi_old, or the live policy where there is none
-            weights, corr = rollout_correction_weights(
-                old if old is not None else log_probs.detach(), on_device(batch.rollout_log_probs).to(log_probs.dtype),
-                mask, correction.mode, correction.cap, correction.band)
-        per_token, meta = policy_loss(spec, batch.advantage_columns(idx, w).to(device), log_probs, old, mask)
-        if weights is not None and correction.mode != "none":
-            per_token = per_token * weights
-        if spec.exact_distill:
-            per_token = per_token + spec.distill * scored["teacher_kl"]
-        kl = None
-        if spec.beta > 0:
-            kl = kl_penalty(log_probs, on_device(batch.reference_log_probs).to(log_probs.dtype), spec.kl_estimator)
-            per_token = per_token + spec.beta * kl
-        scale = microbatch_loss_scale(spec.loss_normalization, len(mb), n)
-        if spec.entropy_coef > 0:
-            bonus = -spec.entropy_coef * scored["token_entropy"]  # aggregated as the loss is: its exact share
-            per_token = per_token + bonus
-            total_entropy_loss += aggregate_loss_across_microbatch(bonus.detach(), mask, spec.loss_normalization,
-                                                                   normalizer) * scale
-        loss = aggregate_loss_across_microbatch(per_token, mask, spec.loss_normalization, normalizer)
-        loss = loss * scale
-        loss.backward()
-        total_loss += loss.detach()
-        stats.add(mask, scored["token_entropy"].detach(), meta, kl, corr if weights is not None else None,
-                  scored.get("teacher_kl"))
+            with autocast_paused(precision, model):
+                log_probs = scored["log_probs"]
+                if not bool(torch.isfinite(log_probs[mask]).all()):
+                    diverged = True  # raised below, after the collective every learner must reach
+                    break
+                old = log_probs.detach() if on_policy_ratio else (
+                    on_device(batch.old_log_probs).to(log_probs.dtype) if batch.old_log_probs is not None else None)
+                if old is not None and not on_policy_ratio:
+                    old = torch.where(torch.isnan(old), log_probs.detach(), old)
+                weights = None
+                if batch.rollout_log_probs is not None:
+                    # the policy the rollouts should have come from: pi_old, or the live policy where there is none
+                    weights, corr = rollout_correction_weights(
+                        old if old is not None else log_probs.detach(),
+                        on_device(batch.rollout_log_probs).to(log_probs.dtype), mask, correction.mode, correction.cap,
+                        correction.band)
+                per_token, meta = policy_loss(spec, batch.advantage_columns(idx, w).to(device), log_probs, old,
+                                              mask)
+                if weights is not None and correction.mode != "none":
+                    per_token = per_token * weights
+                if spec.exact_distill:
+                    per_token = per_token + spec.distill * scored["teacher_kl"]
+                kl = None
+                if spec.beta > 0:
+                    kl = kl_penalty(log_probs, on_device(batch.reference_log_probs).to(log_probs.dtype),
+                                    spec.kl_estimator)
+                    per_token = per_token + spec.beta * kl
+                scale = microbatch_loss_scale(spec.loss_normalization, len(mb), n)
+                if spec.entropy_coef > 0:
+                    bonus = -spec.entropy_coef * scored["token_entropy"]  # aggregated as the loss is: its exact share
+                    per_token = per_token + bonus
+                    total_entropy_loss += aggregate_loss_across_microbatch(
+                        bonus.detach(), mask, spec.loss_normalization, normalizer) * scale
+                loss = aggregate_loss_across_microbatch(per_token, mask, spec.loss_normalization, normalizer)
+                loss = loss * scale
+                loss.backward()
+                total_loss += loss.detach()
+                stats.add(mask, scored["token_entropy"].detach(), meta, kl, corr if weights is not None else None,
+                          scored.get("teacher_kl"))
 
     microbatches = math.ceil(len(kept) / microbatch_size) if kept else 0
     if parallel is not None:  # every learner reaches this, diverged or not, before any of them gives up

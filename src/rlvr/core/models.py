@@ -211,9 +211,51 @@ def random_model(config_dir: str | Path | None = None, dtype: str = "float32", d
     return model.to(device)
 
 
+# The attention implementation of a model rlvr trains (prepare_for_training): transformers' SDPA, run in float32
+# when the CPU's autocast hands it bf16/fp16 inputs (_sdpa_fp32_on_cpu).
+TRAINING_ATTENTION = "rlvr_sdpa"
+
+
+def _sdpa_fp32_on_cpu(module, query, key, value, attention_mask, **kwargs):
+    """transformers' SDPA attention, in float32 when CPU autocast gave it bf16/fp16 q, k, v (mixed-precision
+    training and scoring); anywhere else, unchanged. torch's CPU flash-attention backward is slow in bf16: it
+    took 2.5-2.8 s of a 15.8 s GRPO update of the default model (8 groups of 8 arithmetic rollouts, microbatch
+    8; fp32 0.9 s; bench/train_profile.py, issue 59). The matmuls around it stay in bf16; attention in fp32 is
+    also the more exact of the two."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if query.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if attention_mask is not None and attention_mask.is_floating_point():
+        attention_mask = attention_mask.float()
+    # (q and k come out of RoPE in float32 already, v from its projection in bf16; autocast would round all three
+    # to bf16 again: it is paused for the call, without ending its region)
+    with torch.autocast("cpu", enabled=False):
+        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
+                                              **kwargs)
+    return out.to(torch.get_autocast_dtype("cpu")), weights  # what autocast's SDPA returns
+
+
+def use_training_attention(model) -> None:
+    """Give a model that uses transformers' SDPA attention rlvr's training variant of it (_sdpa_fp32_on_cpu,
+    registered with transformers' AttentionInterface). Not saved with the model: a checkpoint loads with SDPA."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(getattr(base, "config", None), "_attn_implementation", None) != "sdpa":
+        return  # eager, flash-attention, ...: left as the user or the model chose
+    AttentionInterface.register(TRAINING_ATTENTION, _sdpa_fp32_on_cpu)
+    AttentionMaskInterface.register(TRAINING_ATTENTION, sdpa_mask)
+    base.set_attn_implementation(TRAINING_ATTENTION)
+
+
 def prepare_for_training(model, lora_rank: int = 0, lora_alpha: float | None = None, lora_dropout: float = 0.0,
                          lora_target: str = "all-linear", gradient_checkpointing: bool = False):
-    """Optional LoRA adapter (peft) and gradient checkpointing; returns the model to train."""
+    """Optional LoRA adapter (peft) and gradient checkpointing, and rlvr's training attention
+    (use_training_attention); returns the model to train."""
+    use_training_attention(model)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False

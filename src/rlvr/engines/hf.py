@@ -30,6 +30,9 @@ from rlvr.engines.sampling import apply_repetition_penalty, row_key, sample_toke
 # ----------------------------------------------------------------------------------------------------
 # The transformers backend.
 
+# Fewer shared ids than this are prefilled with each prompt: not worth a forward pass of their own.
+MIN_SHARED_PROMPT = 16
+
 
 def _empty_copy(model, dtype: torch.dtype, device: torch.device):
     """A copy of the policy's architecture (without any LoRA wrapper) allocated directly in `dtype` on `device`."""
@@ -108,7 +111,7 @@ class HFEngine:
     """Batched sampling from a transformers causal LM (CPU or GPU)."""
 
     def __init__(self, model, tokenizer, batch_size: int = 64, dtype: str | None = None, compact_fraction: float = 0.25,
-                 fast_decode: bool = True, device=None, prefix_cache_mib: int = 2048):
+                 fast_decode: bool = True, device=None, prefix_cache_mib: int = 2048, share_prompt_prefix: bool = True):
         """`dtype` or `device` different from the model's makes a private copy in that dtype on that device
         (synced by sync_weights, device to device); `dtype="int8"` (CPU): an fp32 copy (a plain fp32 model
         itself) and its int8 quantization (rlvr.engines.int8); a LoRA policy gets a plain copy with the adapter
@@ -117,12 +120,14 @@ class HFEngine:
         Llama-architecture models on the CPU with rlvr.engines.decode_llama (fused weights, shared-prefix attention)
         instead of the transformers forward. `prefix_cache_mib`: memory for the KV of completions generated with
         `SamplingParams.keep_cache` (kv_cache.PrefixCache), which a later prompt that continues one of them reuses
-        instead of prefilling it again (0: none)."""
+        instead of prefilling it again (0: none). `share_prompt_prefix`: the ids every prompt of a call starts with
+        (an instruction all prompts share: ~90 of r1_zero's ~130) are prefilled once, not once per prompt."""
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.compact_fraction = compact_fraction
         self.model = model
         self.prefix_cache = PrefixCache(prefix_cache_mib * 2**20) if prefix_cache_mib else None
+        self.share_prompt_prefix = share_prompt_prefix
         policy_dtype = next(model.parameters()).dtype
         target = torch.device(device) if device is not None else input_device(model)
         if target.type == "cuda" and target.index is None:  # "cuda" means the current device, as parameters say
@@ -150,7 +155,10 @@ class HFEngine:
         unk = tokenizer.unk_token_id if tokenizer.unk_token != "<|endoftext|>" else None
         self.eos_ids = sorted({int(e) for e in eos if e is not None and e != unk})
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
-        self.stats = {"generated_tokens": 0, "seconds": 0.0, "prefill_tokens": 0, "cached_tokens": 0}
+        # cached_tokens: prompt ids a kept completion's KV covered; shared_prompt_tokens: ids the prompts' shared
+        # beginning covered (prefilled once per call, counted once per row it saved)
+        self.stats = {"generated_tokens": 0, "seconds": 0.0, "prefill_tokens": 0, "cached_tokens": 0,
+                      "shared_prompt_tokens": 0}
         self._stop_tables: dict = {}  # (stop strings, vocabulary size) -> stop_candidates
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
@@ -209,9 +217,11 @@ class HFEngine:
             for i, ids in enumerate(encoded):
                 columns, kv, key = self.prefix_cache.lookup(ids)
                 if kv is not None:
-                    cached[i] = (columns, kv)
+                    cached[i] = (columns, kv, "cached_tokens")
                     used.add(key)
             self.prefix_cache.discard(used)
+        if self.share_prompt_prefix:
+            cached = self._shared_prompt_prefix(encoded, cached)
         # most ids to prefill first, so each chunk holds prompts of similar length (less padding)
         order = sorted(range(len(prompts)), key=lambda i: -(len(encoded[i]) - (cached[i][0] if cached[i] else 0)))
         per_chunk = max(1, self.batch_size // sampling.n)
@@ -226,6 +236,25 @@ class HFEngine:
                 results[comp.prompt_index * sampling.n + comp.sample_index] = comp
         self.stats["seconds"] += time.perf_counter() - start
         return results  # type: ignore[return-value]
+
+    def _shared_prompt_prefix(self, encoded: list[list[int]], cached: list) -> list:
+        """`cached` with the prompts' common beginning for every prompt without a kept KV: (columns, its KV,
+        "shared_prompt_tokens"), the KV computed here once. Unchanged when fewer than two prompts share at least
+        MIN_SHARED_PROMPT ids (all but each prompt's last id, which must be fed to give its first new token)."""
+        fresh = [i for i, c in enumerate(cached) if c is None]
+        if len(fresh) < 2:
+            return cached
+        first, common = encoded[fresh[0]], min(len(encoded[i]) for i in fresh) - 1
+        for i in fresh[1:]:
+            ids = encoded[i]
+            common = next((k for k in range(common) if ids[k] != first[k]), common)
+        if common < MIN_SHARED_PROMPT:
+            return cached
+        ids = torch.tensor([first[:common]], device=input_device(self.model))
+        cache = preallocated_cache(common)
+        self._forward(ids, torch.ones_like(ids), cache)
+        kv = torch.stack([torch.stack((layer.keys[0], layer.values[0])) for layer in cache.layers])
+        return [c if c is not None else (common, kv, "shared_prompt_tokens") for c in cached]
 
     def _decoder(self) -> decode_llama.LlamaDecoder:
         if not self.int8:  # fused from the weights as they are now (a shared policy changes in place)
@@ -246,7 +275,8 @@ class HFEngine:
                         decoder: decode_llama.LlamaDecoder | None = None, progress=None,
                         cached: list | None = None) -> list[Completion]:
         """One batch of prompts x n samples (`keys`: what seeds each prompt's rows); `progress(k)` is told as rows
-        finish (a bar moves per completion); `cached[i]`: (columns, KV) kept for prompt i's first ids."""
+        finish (a bar moves per completion); `cached[i]`: (columns, KV, the stat its columns count in) known for prompt
+        i's first ids."""
         device = input_device(self.model)
         n, width = sampling.n, max(len(ids) for ids in encoded)
         cached = cached or [None] * len(encoded)
@@ -255,7 +285,9 @@ class HFEngine:
         fed = max(len(ids) - (c[0] if c else 0) for ids, c in zip(encoded, cached))
         reused = [max(0, len(ids) - fed) for ids in encoded]
         self.stats["prefill_tokens"] += sum(len(ids) - r for ids, r in zip(encoded, reused))
-        self.stats["cached_tokens"] += sum(reused)
+        for c, r in zip(cached, reused):
+            if c is not None:
+                self.stats[c[2]] += r
         input_ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(encoded), width), dtype=torch.long)
         for i, ids in enumerate(encoded):  # left padding

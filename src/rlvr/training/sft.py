@@ -18,6 +18,7 @@ import torch
 from rlvr import stages
 from rlvr.algorithms.policy import (
     autocast,
+    autocast_paused,
     get_response_log_probs,
     sft_microbatch_train_step,
     tokenize_prompt_and_ids,
@@ -87,22 +88,23 @@ def train_sft(cfg: SFTConfig) -> dict:
             batch = [train[i] for i in order.take(cfg.batch_size)]
             model.train()
             loss_total, tokens, nll = 0.0, 0, 0.0
-            for m in range(0, cfg.batch_size, cfg.microbatch_size):
-                micro = batch[m : m + cfg.microbatch_size]
-                prompts = [prompt.render(ex, tokenizer) for ex in micro]
-                if env is None:
-                    tok = tokenize_prompt_and_output(prompts, [prompt.sft_response(ex) for ex in micro], tokenizer)
-                else:
-                    tok = tokenize_prompt_and_segments(prompts, [env(ex).sft_segments(prompt.sft_response(
-                        ex, annotations)) for ex in micro], tokenizer)
-                with autocast(cfg.precision, model):
-                    out = get_response_log_probs(model, tok["input_ids"], tok["labels"], positions=tok["response_mask"],
-                                                 share_prefix=cfg.share_prefix)
-                loss, meta = sft_microbatch_train_step(out["log_probs"], tok["response_mask"], accumulation,
-                                                       cfg.normalize_constant)
-                loss_total += loss.item()
-                tokens += int(meta["response_tokens"])
-                nll += meta["nll_per_token"].item() * int(meta["response_tokens"])
+            with autocast(cfg.precision, model):  # one region: each weight cast to bf16 once a step
+                for m in range(0, cfg.batch_size, cfg.microbatch_size):
+                    micro = batch[m : m + cfg.microbatch_size]
+                    prompts = [prompt.render(ex, tokenizer) for ex in micro]
+                    if env is None:
+                        tok = tokenize_prompt_and_output(prompts, [prompt.sft_response(ex) for ex in micro], tokenizer)
+                    else:
+                        tok = tokenize_prompt_and_segments(prompts, [env(ex).sft_segments(prompt.sft_response(
+                            ex, annotations)) for ex in micro], tokenizer)
+                    out = get_response_log_probs(model, tok["input_ids"], tok["labels"],
+                                                 positions=tok["response_mask"], share_prefix=cfg.share_prefix)
+                    with autocast_paused(cfg.precision, model):  # the loss and backward at their own precision
+                        loss, meta = sft_microbatch_train_step(out["log_probs"], tok["response_mask"], accumulation,
+                                                               cfg.normalize_constant)
+                    loss_total += loss.item()
+                    tokens += int(meta["response_tokens"])
+                    nll += meta["nll_per_token"].item() * int(meta["response_tokens"])
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 [p for p in model.parameters() if p.requires_grad], cfg.max_grad_norm or float("inf"))
             lr = scheduler.get_last_lr()[0]

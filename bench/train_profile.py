@@ -1,0 +1,172 @@
+"""Where the training phase of a GRPO step spends its time (issue 59 item 3): one arithmetic rollout batch,
+made and scored by rlvr's own loop stages, then `policy_gradient_update` on it under torch.profiler.
+
+    .venv/bin/python bench/train_profile.py --model runs/sft_arithmetic/final [--precision bf16] [--microbatch 8]
+
+The batch is what `rlvr train --config configs/grpo_arithmetic.yaml` trains at step 1 (8 questions x 8 samples,
+r1_zero, temperature 1, <= 96 new tokens); every rollout is trained (zero advantages set to 1e-12, which
+changes no timing), so the work does not depend on which groups happened to have reward spread. The update
+runs `--repeats` times unprofiled (the median is printed), then once under the profiler; each profiled CPU op
+is put in a bucket by its name (matmuls, their backward, the vocabulary head's log-softmax and entropy,
+attention, the optimizer step, weight casts of autocast, ...). "python and dispatch" is the update's wall time
+minus the profiled ops' self time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import cores, machine, set_threads  # noqa: E402
+
+BUCKETS = [  # (bucket, predicate on the op name); the first that matches wins
+    ("optimizer (fused AdamW)", lambda op: "adam" in op),
+    ("grad norm and clipping", lambda op: "_foreach" in op or op == "aten::linalg_vector_norm"),
+    ("matmuls (forward and backward)", lambda op: op in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
+                                                         "aten::_addmm_activation", "aten::mkldnn_linear")),
+    ("attention kernel (sdpa fwd/bwd)", lambda op: "attention" in op or "sdpa" in op or "_flash" in op),
+    ("log-softmax, entropy, gather (the head's scores)", lambda op: op in (
+        "aten::logsumexp", "aten::_softmax", "aten::_softmax_backward_data", "aten::gather", "aten::exp",
+        "aten::_log_softmax", "aten::masked_fill", "aten::eq", "aten::sum", "aten::scatter_add_", "aten::scatter",
+        "aten::sub", "aten::_log_softmax_backward_data", "aten::gather_backward", "aten::new_zeros")),
+    ("dtype casts (autocast's bf16 copies, grads back to fp32)", lambda op: op in ("aten::_to_copy", "aten::copy_")),
+    ("elementwise (norms, rope, silu, residual adds)", lambda op: op in (
+        "aten::mul", "aten::add", "aten::add_", "aten::pow", "aten::mean", "aten::rsqrt", "aten::silu",
+        "aten::silu_backward", "aten::neg", "aten::cat", "aten::div", "aten::where", "aten::index",
+        "aten::index_copy", "aten::fill_", "aten::zero_", "aten::cos", "aten::sin", "aten::embedding_dense_backward",
+        "aten::index_select", "aten::repeat_interleave", "aten::clone", "aten::contiguous", "aten::mul_")),
+    ("other ops", lambda op: True),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="runs/sft_arithmetic/final")
+    parser.add_argument("--questions", type=int, default=8)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--microbatch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--shapes", action="store_true", help="also list the costliest ops by input shape")
+    parser.add_argument("--shapes-top", type=int, default=25)
+    parser.add_argument("--attention", default="rlvr", choices=["rlvr", "sdpa", "compare"],
+                        help="rlvr: the attention rlvr trains with (rlvr.core.models.use_training_attention: SDPA in "
+                        "float32 under CPU autocast); sdpa: transformers' SDPA as autocast runs it (bf16); compare: "
+                        "both, alternating update by update in this one process, --repeats each")
+    parser.add_argument("--smoke", action="store_true", help="a tiny random model, 2 x 2 rollouts (numbers meaningless)")
+    parser.add_argument("--threads", type=int, default=cores())
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    set_threads(args.threads)
+
+    from rlvr import stages
+    from rlvr.algorithms.update import TrainBatch, policy_gradient_update
+    from rlvr.config import TrainConfig, load_config
+    from rlvr.core.models import TRAINING_ATTENTION, load_model, prepare_for_training
+    from rlvr.engines.hf import HFEngine
+    from rlvr.stages.run import build_optimizer
+    from rlvr.tasks.datasets import load_split
+    from rlvr.tasks.prompts import get_prompt
+    from rlvr.tasks.records import DataOrder
+
+    if args.smoke:
+        args.questions, args.group, args.max_new_tokens, args.repeats = 2, 2, 8, 1
+    n = args.questions * args.group
+    cfg = load_config(TrainConfig, overrides=dict(
+        model=args.model, dataset="arithmetic", prompt="r1_zero", rollout_batch_size=n, group_size=args.group,
+        max_new_tokens=args.max_new_tokens, precision=args.precision, microbatch_size=min(args.microbatch, n),
+        out="/tmp/train-profile"))
+    if args.smoke:
+        from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+        from rlvr.core.models import resolve_model_path
+
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("SmolLM2-135M-Instruct"))
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+    else:
+        model, tokenizer = load_model(cfg.model, dtype="float32")
+    model = prepare_for_training(model)
+    optimizer, _ = build_optimizer(model, cfg, 100)
+    train = load_split(cfg, "train")
+    prompt = get_prompt(cfg.prompt)
+    engine = HFEngine(model, tokenizer, batch_size=64, dtype=cfg.generation_dtype)
+    engine.sync_weights(model)
+    rollouts = stages.collect_rollouts(engine, model, train, DataOrder(len(train), f"grpo-{cfg.seed}"), prompt,
+                                       tokenizer, cfg, 1)
+    batch = stages.score_rollouts(rollouts, stages.build_reward_fn(cfg, prompt.reward), cfg.estimator, cfg,
+                                  tokenizer).batch
+    advantages = torch.where(batch.advantages == 0, torch.full_like(batch.advantages, 1e-12), batch.advantages)
+    batch = TrainBatch(batch.input_ids, batch.labels, batch.response_mask, advantages,
+                       rollout_log_probs=batch.rollout_log_probs)
+    response_tokens = int(batch.response_mask.sum())
+    prompt_tokens = int(batch.response_mask.long().argmax(1).sum())
+    print(f"batch: {n} rollouts, {response_tokens} response tokens, {prompt_tokens} prompt tokens (unshared), "
+          f"width {batch.input_ids.shape[1]}; precision {args.precision}, microbatch {cfg.microbatch_size}", flush=True)
+
+    def update(attention=None):
+        if attention is not None:
+            model.set_attn_implementation({"rlvr": TRAINING_ATTENTION, "sdpa": "sdpa"}[attention])
+        return policy_gradient_update(model, optimizer, batch, cfg.estimator, -(-n // cfg.microbatch_size),
+                                      cfg.max_grad_norm, precision=cfg.precision,
+                                      rollout_correction=cfg.rollout_correction.spec())
+
+    variants = ["sdpa", "rlvr"] if args.attention == "compare" else [args.attention]
+    update(variants[0])  # warm-up (the first update allocates the optimizer state)
+    times = {v: [] for v in variants}
+    for _ in range(args.repeats):
+        for variant in variants:
+            start = time.perf_counter()
+            update(variant)
+            times[variant].append(time.perf_counter() - start)
+    result = {"machine": machine(), "args": vars(args), "update_s": times, "response_tokens": response_tokens,
+              "prompt_tokens": prompt_tokens}
+    for variant, seconds in times.items():
+        median = statistics.median(seconds)
+        print(f"update ({variant} attention): {median:.2f} s median of {[round(t, 2) for t in seconds]}; "
+              f"{response_tokens / median:.0f} response tokens/s", flush=True)
+    if len(variants) == 2:
+        ratio = statistics.median(times["rlvr"]) / statistics.median(times["sdpa"])
+        print(f"rlvr / sdpa attention: update time ratio {ratio:.3f}")
+        result["ratio"] = ratio
+    if not args.no_profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=args.shapes) as prof:
+            start = time.perf_counter()
+            update(variants[-1])
+            wall = time.perf_counter() - start
+        buckets = collections.Counter()
+        for event in prof.key_averages():
+            name = next(b for b, match in BUCKETS if match(event.key))
+            buckets[name] += event.self_cpu_time_total / 1e6
+        buckets["python and dispatch"] = max(0.0, wall - sum(buckets.values()))
+        print(f"profiled update: {wall:.2f} s")
+        for name, seconds in buckets.most_common():
+            print(f"  {name:58s} {seconds:6.2f} s  {100 * seconds / wall:5.1f} %")
+        other = sorted((e for e in prof.key_averages() if next(b for b, m in BUCKETS if m(e.key)) == "other ops"),
+                       key=lambda e: -e.self_cpu_time_total)[:12]
+        print("  other ops: " + ", ".join(f"{e.key} {e.self_cpu_time_total / 1e6:.2f}" for e in other))
+        top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]
+        print("top ops by self time: " + ", ".join(f"{e.key} {e.self_cpu_time_total / 1e6:.2f}" for e in top))
+        result["profile"] = dict(buckets)
+        if args.shapes:
+            by_shape = sorted(prof.key_averages(group_by_input_shape=True), key=lambda e: -e.self_cpu_time_total)
+            for e in by_shape[:args.shapes_top]:
+                print(f"  {e.key:40s} {e.count:5d} calls {e.self_cpu_time_total / 1e6:6.2f} s  {e.input_shapes}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
