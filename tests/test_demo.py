@@ -92,3 +92,20 @@ def test_the_gain_is_paired_over_the_same_questions(tmp_path):
     assert abs(gain["mean"] - 1 / 3) < 1e-12 and abs(gain["half_width"] - 2.571 * s / math.sqrt(6)) < 1e-3
     assert not gain["resolved"] and "includes 0: this run does not resolve a difference" in _paired_line(gain)
     assert paired_gain(before, tmp_path / "missing") is None
+
+
+def test_the_time_left_is_the_time_so_far_scaled_by_the_stages_shares(tmp_path, capsys, monkeypatch):
+    import itertools
+
+    from rlvr.experiments import demo
+
+    # shares 0.1, 0.3, 0.6; the first stage takes 60 s -> 60 / 0.1 * (0.3 + 0.6) = 540 s = 9 min left
+    monkeypatch.setattr(demo, "_SHARES", {"a": 0.1, "b": 0.3, "c": 0.6})
+    clock = itertools.count(0, 60)  # every perf_counter reading is 60 s after the last
+    monkeypatch.setattr(demo.time, "perf_counter", lambda: float(next(clock)))
+    stages = demo._Stages(tmp_path, ["a", "b", "c"])
+    stages.run("a", False, lambda: None)
+    stages.run("b", False, lambda: None)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("stage 1 of 3: a [") and "left" not in lines[0]
+    assert lines[1].endswith("about 9 min left]"), lines[1]

@@ -44,10 +44,10 @@ def _eval(cfg: DemoConfig, model: str, out: Path, baseline: bool = False, limit:
     return run_eval(eval_cfg)
 
 
-# Each stage's share of a whole demo's time (2026-12-06, Intel Xeon, 2 cores, 920 s in all): what is left is
+# Each stage's share of a whole demo's time (2026-12-06, Intel Xeon, 2 cores, 572 s in all): what is left is
 # estimated from the stages done so far and these shares
-_SHARES = {"prompting baseline": 0.02, "baseline eval": 0.01, "sft": 0.27, "sft eval": 0.06, "grpo": 0.57,
-           "grpo eval": 0.07}
+_SHARES = {"prompting baseline": 0.054, "baseline eval": 0.012, "sft": 0.214, "sft eval": 0.054, "grpo": 0.608,
+           "grpo eval": 0.058}
 
 
 class _Stages:
@@ -66,7 +66,7 @@ class _Stages:
         shares = [_SHARES.get(n, 0.1) for n in self.names]
         spent = sum(self.timings.get(n, 0.0) for n in self.names[: k - 1] if n not in self.reused)
         share_done = sum(sh for n, sh in zip(self.names[: k - 1], shares) if n not in self.reused)
-        share_left = sum(sh for n, sh in zip(self.names[k - 1 :], shares))
+        share_left = sum(shares[k - 1 :])
         left = f", about {spent / share_done * share_left / 60:.0f} min left" if spent > 0 and share_done else ""
         print(f"stage {k} of {len(self.names)}: {name}{' (done before: reused)' if done else ''} "
               f"[{elapsed / 60:.1f} min{left}]", flush=True)
