@@ -135,7 +135,8 @@ def learner_group(device: str, layers) -> dict:
 def _broadcast_rank(rank: int, port: int, backend: str, device: str, layers, out: str):
     try:
         from rlvr.distributed.parallel import WeightBroadcast
-        from rlvr.engines.hf import HFEngine, engine_weights
+        from rlvr.engines.hf import HFEngine
+        from rlvr.engines.weights import engine_weights
 
         dev = torch.device(device)
         model = small_model(dev, seed=rank, layers=layers)  # different weights on each side before the sync

@@ -253,7 +253,7 @@ def test_training_attention_runs_in_float32_under_cpu_autocast_and_is_sdpa_elsew
     assert torch.equal(plain, exact)
 
 
-def test_prepare_for_training_uses_it_without_saving_it(tiny_model, tmp_path):
+def test_prepare_for_training_and_load_model_use_it_without_saving_it(tiny_model, tokenizer, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from rlvr.core.models import TRAINING_ATTENTION, prepare_for_training
@@ -263,6 +263,11 @@ def test_prepare_for_training_uses_it_without_saving_it(tiny_model, tmp_path):
     assert all(layer.self_attn.config._attn_implementation == TRAINING_ATTENTION for layer in model.model.layers)
     model.save_pretrained(tmp_path / "saved")  # a checkpoint another program loads: plain SDPA there
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "saved").config._attn_implementation == "sdpa"
+    # rlvr's own loader gives every model it loads (a reference, a teacher) the same attention as the policy
+    from rlvr.core.models import load_model
+
+    tokenizer.save_pretrained(tmp_path / "saved")
+    assert load_model(str(tmp_path / "saved"))[0].config._attn_implementation == TRAINING_ATTENTION
     ids = torch.tensor([[3, 4, 5, 6, 7]])
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = model(input_ids=ids, labels=ids).loss

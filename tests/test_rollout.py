@@ -179,7 +179,7 @@ def test_fast_decode_in_bfloat16_stays_close_to_the_transformers_forward(tiny_mo
 def test_a_bf16_engine_keeps_ropes_inv_freq_in_fp32_and_the_angles_exact(tiny_model, tokenizer):
     """Issue 36, item 1: only parameters go to the engine dtype. Rounding RoPE's inv_freq to bf16 (as
     `.to(dtype)` did) turns every rotary angle by an error that grows with the position."""
-    from rlvr.engines.hf import engine_weights
+    from rlvr.engines.weights import engine_weights
 
     engine = HFEngine(tiny_model, tokenizer, dtype="bfloat16")
     policy = dict(tiny_model.named_buffers())

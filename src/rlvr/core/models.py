@@ -182,6 +182,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32", device
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), **placement).to(on)
     if model.generation_config.pad_token_id is None:  # a pad id of 0 is a real id
         model.generation_config.pad_token_id = model.config.eos_token_id
+    # every model rlvr loads (policy, reference, teacher) attends alike under autocast: their log-probs agree
+    use_training_attention(model)
     return model, load_tokenizer(path)
 
 
@@ -211,8 +213,8 @@ def random_model(config_dir: str | Path | None = None, dtype: str = "float32", d
     return model.to(device)
 
 
-# The attention implementation of a model rlvr trains (prepare_for_training): transformers' SDPA, run in float32
-# when the CPU's autocast hands it bf16/fp16 inputs (_sdpa_fp32_on_cpu).
+# The attention implementation of the models rlvr loads and trains (load_model, prepare_for_training):
+# transformers' SDPA, run in float32 when the CPU's autocast hands it bf16/fp16 inputs (_sdpa_fp32_on_cpu).
 TRAINING_ATTENTION = "rlvr_sdpa"
 
 

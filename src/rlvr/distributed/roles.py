@@ -169,7 +169,7 @@ class Learner:
     def weights(self, dtype: str | None = None) -> dict:
         """The policy's weights for the engines, parameters in `dtype` (the driver's: the one the workers' engines
         hold; default this learner's own generation_dtype)."""
-        from rlvr.engines.hf import engine_weights
+        from rlvr.engines.weights import engine_weights
 
         return engine_weights(self.model, dtype or self.cfg.generation_dtype)
 
@@ -186,7 +186,7 @@ class Learner:
                                             d.timeout_s)
 
     def broadcast_weights(self, dtype: str) -> None:
-        from rlvr.engines.hf import engine_weights
+        from rlvr.engines.weights import engine_weights
 
         # from the device the policy lives on: no GPU -> CPU -> GPU trip
         self.weight_group.broadcast_(list(engine_weights(self.model, dtype, self.device).values()))
