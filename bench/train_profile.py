@@ -146,18 +146,18 @@ def main() -> None:
             start = time.perf_counter()
             update(variants[-1])
             wall = time.perf_counter() - start
+        events = prof.key_averages()
+        bucket = {e.key: next(b for b, match in BUCKETS if match(e.key)) for e in events}
         buckets = collections.Counter()
-        for event in prof.key_averages():
-            name = next(b for b, match in BUCKETS if match(event.key))
-            buckets[name] += event.self_cpu_time_total / 1e6
+        for event in events:
+            buckets[bucket[event.key]] += event.self_cpu_time_total / 1e6
         buckets["python and dispatch"] = max(0.0, wall - sum(buckets.values()))
         print(f"profiled update: {wall:.2f} s")
         for name, seconds in buckets.most_common():
             print(f"  {name:58s} {seconds:6.2f} s  {100 * seconds / wall:5.1f} %")
-        other = sorted((e for e in prof.key_averages() if next(b for b, m in BUCKETS if m(e.key)) == "other ops"),
-                       key=lambda e: -e.self_cpu_time_total)[:12]
+        other = sorted((e for e in events if bucket[e.key] == "other ops"), key=lambda e: -e.self_cpu_time_total)[:12]
         print("  other ops: " + ", ".join(f"{e.key} {e.self_cpu_time_total / 1e6:.2f}" for e in other))
-        top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:15]
+        top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:15]
         print("top ops by self time: " + ", ".join(f"{e.key} {e.self_cpu_time_total / 1e6:.2f}" for e in top))
         result["profile"] = dict(buckets)
         if args.shapes:

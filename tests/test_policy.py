@@ -275,7 +275,7 @@ def test_prepare_for_training_and_load_model_use_it_without_saving_it(tiny_model
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
-def _update_per_microbatch_regions(model, optimizer, batch, spec, steps):
+def _update_per_microbatch_regions(model, batch, spec, steps):
     """The update as it ran before issue 59: each microbatch's forward in its own autocast region, the loss and
     backward outside any (the reference the one-region update must equal bit for bit)."""
     from rlvr.algorithms.losses import aggregate_loss_across_microbatch, microbatch_loss_scale, whole_batch_normalizer
@@ -310,7 +310,7 @@ def test_a_bf16_update_in_one_autocast_region_equals_per_microbatch_regions_and_
                        torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0]))
     spec = EstimatorSpec("mean", "none", "none", "sequence")
     reference = copy.deepcopy(tiny_model)
-    _update_per_microbatch_regions(reference, None, batch, spec, steps=3)
+    _update_per_microbatch_regions(reference, batch, spec, steps=3)
     # the update's gradients, caught before its optimizer step (lr 0 would still let AdamW read them)
     grads = {}
     optimizer = torch.optim.SGD(tiny_model.parameters(), lr=0.0)
