@@ -31,7 +31,7 @@ from rlvr.stages.rollouts import (Rollouts, Scored, build_reward_fn, collect_rol
 from rlvr.stages.run import (RunInterrupted, StopRequests, build_engines, build_optimizer, finish_run, fmt_metrics,
                              frozen_dtype, load_frozen, load_policy, native_precision, open_logger, placement,
                              restore, start_run, trainer_state)
-from rlvr.stages.validation import start_validation, validate
+from rlvr.stages.validation import start_validation, validate, validation_rows
 
 __all__ = ["TaskReport", "check_task", "warn_unlearnable", "Curriculum", "first_pass", "question_sampler", "record_rollouts", "sampler_state", "episode_metrics",
     "run_episodes",
@@ -41,4 +41,4 @@ __all__ = ["TaskReport", "check_task", "warn_unlearnable", "Curriculum", "first_
     "native_precision", "next_questions", "open_logger", "placement", "reference_log_probs", "reference_model",
     "restore", "rollout_rows", "rollout_sampling", "run_eval", "sampled_log_probs", "score_completions",
     "score_rollouts", "start_run", "start_validation", "step_metrics", "teacher_model", "timed", "train_on_rollouts",
-    "trainer_state", "validate", "validation_due"]
+    "trainer_state", "validate", "validation_due", "validation_rows"]

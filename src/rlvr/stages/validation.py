@@ -17,10 +17,27 @@ from rlvr.core.models import cache_dir
 from rlvr.engines.base import RolloutEngine
 from rlvr.stages.evaluation import evaluate
 from rlvr.tasks.prompts import PromptTemplate
-from rlvr.tasks.records import Example
-from rlvr.tasks.task import eval_reward_fn
+from rlvr.tasks.records import EmptySplit, Example
+from rlvr.tasks.task import Task, eval_reward_fn
 
 log = logging.getLogger(__name__)
+
+
+def validation_rows(task: Task, cfg: TrainingFields) -> list[Example]:
+    """The validation rows a loop validates on, or [] when it never validates (eval_at_start, eval_every and
+    eval_at_end all off: the split is not even read) or its rows hold none out (a table of fewer than 10 rows,
+    said once; a validation_dataset= that is empty is an error). Loops validate only when this is not []."""
+    if not (cfg.eval_at_start or cfg.eval_every or cfg.eval_at_end):
+        return []
+    try:
+        return task.split("validation", cfg.eval_limit)
+    except EmptySplit as err:
+        if getattr(cfg, "validation_dataset", None):
+            raise
+        log.warning("%s: this run does not validate (a table holds out a tenth of its rows; give a validation set "
+                    "of its own with validation_dataset=, or turn validation off with eval_every=0 "
+                    "eval_at_start=false eval_at_end=false)", err)
+        return []
 
 
 def validate(engine: RolloutEngine, policy, examples: list[Example], prompt: PromptTemplate, tokenizer,

@@ -37,7 +37,8 @@ def reward_terms(cfg, prompt: PromptTemplate) -> dict[str, float]:
         return dict(rewards)
     if prompt.reward is None:
         raise ValueError(f"prompt {prompt.name!r} has no reward of its own: say what grades a response with "
-                         "rewards={path/to/rewards.py:my_reward: 1.0} (or a built-in such as answer_tag)")
+                         "rewards={path/to/rewards.py:my_reward: 1.0} (or a built-in such as answer_tag), or "
+                         "ask for a template that has one (prompt=r1_zero grades the answer column)")
     return {prompt.reward: 1.0}
 
 

@@ -82,9 +82,10 @@ def _build(cls, config, reward_funcs, reward_weights, train_dataset, eval_datase
         overrides["rewards"] = {**(overrides.get("rewards") or {}), **terms}
     if train_dataset is not None:
         overrides["dataset"] = _rows_file(train_dataset, "train")
+        if cls is EvalConfig and not isinstance(train_dataset, (str, Path)):
+            overrides.setdefault("split", "all")  # rows handed over to be evaluated are evaluated, every one
     if eval_dataset is not None:
-        key = "validation_dataset" if cls is TrainConfig else "dataset"
-        overrides[key] = _rows_file(eval_dataset, "eval")
+        overrides["validation_dataset"] = _rows_file(eval_dataset, "eval")
     if isinstance(config, cls):
         data = config.model_dump(by_alias=True, exclude_unset=True)
         return load_config(cls, None, {**data, **overrides})

@@ -41,7 +41,7 @@ def train_grpo(cfg: TrainConfig) -> dict:
     where = stages.placement(cfg)  # a device this machine lacks stops the run here, before anything is written
     ckpt.seed_everything(cfg.seed)
     task, spec = load_task(cfg), cfg.estimator  # rows + prompt + reward, a built-in task's or a user's
-    prompt, train, val = task.prompt, task.split("train", cfg.train_limit), task.split("validation", cfg.eval_limit)
+    prompt, train, val = task.prompt, task.split("train", cfg.train_limit), stages.validation_rows(task, cfg)
     run_dir = stages.start_run(cfg)  # (after the data's checks: a run that cannot start leaves no directory behind)
     cfg = stages.native_precision(cfg, where)
     reward_fn = stages.build_reward_fn(cfg, prompt.reward)
@@ -60,7 +60,7 @@ def train_grpo(cfg: TrainConfig) -> dict:
     engine, val_engine = stages.build_engines(model, tokenizer, cfg, where)
     if step == 0 and cfg.curriculum.enabled and cfg.curriculum.first_pass:
         logger.log(0, stages.first_pass(sampler, engine, model, train, prompt, tokenizer, cfg, reward_fn))
-    if step == 0 and cfg.eval_at_start:
+    if step == 0 and cfg.eval_at_start and val:
         metrics = stages.start_validation(val_engine, model, val, prompt, tokenizer, cfg)
         logger.log(0, metrics)
         log.info("step 0 validation: accuracy %.3f, format %.3f", metrics["val/accuracy"], metrics["val/format_rate"])
@@ -96,7 +96,7 @@ def train_grpo(cfg: TrainConfig) -> dict:
                        **distilled,
                        **dynamic,
                        **curriculum}
-            if stages.validation_due(cfg, step):
+            if val and stages.validation_due(cfg, step):
                 with stages.timed(times, "validate"):
                     val_metrics, _ = stages.validate(val_engine, model, val, prompt, tokenizer, cfg)
                 metrics.update(val_metrics, **{"time/validate": times["validate"]})
