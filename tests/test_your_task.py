@@ -117,7 +117,8 @@ def test_none_leaves_the_weighted_sum_and_the_term_mean(rewards_file, data):
     assert ["reward/only_even" in s for s in scores] == [True, False, True, False]
     _, meta = rewards_and_metadata(scores, {})
     assert meta["reward/only_even_mean"] == 1.0 and meta["reward/only_even_std"] == 0.0  # over the 2 rows it applies to
-    assert meta["reward/short_answer_mean"] == 0.75 and meta["reward/short_answer_std"] == pytest.approx(0.4330127)
+    # TRL divides by n - 1 (torch.std): 1, 1, 0, 1 has variance 0.75 / 3
+    assert meta["reward/short_answer_mean"] == 0.75 and meta["reward/short_answer_std"] == pytest.approx(0.5)
 
 
 def test_async_functions_run_and_their_values_count(rewards_file, data):
@@ -304,14 +305,16 @@ def test_trl_completions_are_messages_for_conversational_rows(tmp_path, rewards_
         rows = [Example("hi", "", id="c:1", fields={"prompt": [{"role": "user", "content": "hi"}], "n": 1},
                         conversation=({"role": "user", "content": "hi"},)),
                 Example("2+2=", "4", id="c:2", fields={"prompt": "2+2=", "n": 2})]
-        context = RewardContext(prompts=["<rendered 1>", "2+2="], completion_ids=[[1], [2, 3]], rows=rows, step=5)
+        context = RewardContext(prompts=["<rendered 1>", "2+2="], completion_ids=[[1], [2, 3]], rows=rows, step=5,
+                                global_step=4, max_steps=10)
         score_batch(UserReward("spy"), ["yo", "4"], ["", "4"], context)
     finally:
         del USER_REWARDS["spy"]
     assert seen["completions"] == [[{"role": "assistant", "content": "yo"}], "4"]
     assert seen["prompts"] == [[{"role": "user", "content": "hi"}], "2+2="]
     assert seen["kwargs"]["n"] == [1, 2] and seen["kwargs"]["completion_ids"] == [[1], [2, 3]]
-    assert seen["kwargs"]["trainer_state"] == {"global_step": 5}
+    state = seen["kwargs"]["trainer_state"]  # TRL's: transformers' TrainerState, the optimizer steps done
+    assert (state.global_step, state.max_steps, state["global_step"]) == (4, 10, 4)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -391,7 +394,8 @@ def test_rlvr_train_from_python_with_callables_and_rows_in_memory(tmp_path, mode
     assert [m["step"] for m in metrics] == [1, 2]
     assert "train/reward/ends_in_digit" in metrics[0] and "train/reward/per_row" in metrics[0]
     cfg = load_config(TrainConfig, run / "config.yaml")
-    assert cfg.rewards == {"ends_in_digit": 1.0, "per_row": 2.0} and cfg.validation_dataset.endswith(".jsonl")
+    assert cfg.rewards == {"python:0:ends_in_digit": 1.0, "python:1:per_row": 2.0}
+    assert cfg.validation_dataset.endswith(".jsonl")
     summary = rlvr.evaluate({"model": str(model_dir), "prompt": "row", "max_new_tokens": 4, "out": str(tmp_path / "e"),
                              "dtype": "float32"}, reward_funcs=[ends_in_digit], dataset=rows[:3])
     assert summary["n"] == 3 and 0.0 <= summary["accuracy"] <= 1.0 and not math.isnan(summary["accuracy"])
@@ -502,15 +506,13 @@ def test_a_trl_reward_reads_the_training_step(tmp_path, model_dir, data):
     seen = []
 
     def steps(completions, trainer_state, **kwargs):
-        seen.append(trainer_state["global_step"])
+        seen.append((trainer_state.global_step, trainer_state.max_steps))
         return [0.0 for _ in completions]
 
-    USER_REWARDS["steps"] = steps
-    try:
-        from rlvr.training import rl
+    import rlvr
 
-        rl.train_grpo(train_cfg(model_dir, tmp_path / "run", dataset=data, prompt="row", rewards={"steps": 1.0},
-                                eval_every=0, eval_at_start=False, eval_at_end=False))
-    finally:
-        del USER_REWARDS["steps"]
-    assert seen[-3:] == [1, 2, 3]  # (before them: the start-of-run task check, at step 0)
+    base = train_cfg(model_dir, tmp_path / "run", dataset=data, prompt="row", eval_every=0, eval_at_start=False,
+                     eval_at_end=False, algorithm="grpo_clip", steps_per_rollout=2, rewards={"answer_tag": 1.0})
+    rlvr.train(base.model_dump(by_alias=True, exclude_unset=True), reward_funcs=[steps])
+    # TRL's value: the optimizer steps done when the batch was sampled (2 a rollout batch here), of 3 x 2
+    assert seen[-3:] == [(0, 6), (2, 6), (4, 6)]  # (before them: the start-of-run task check)

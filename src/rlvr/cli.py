@@ -81,13 +81,18 @@ def _run(cls, config: Path | None, ctx: typer.Context, module: str, function: st
     from importlib import import_module
 
     from rlvr.sandbox import SandboxUnavailable
-    from rlvr.stages.run import RunInterrupted
+    from rlvr.stages.run import RunFailed, RunInterrupted
 
     try:
         getattr(import_module(module), function)(cfg)
     except RunInterrupted as stopped:
         typer.secho(str(stopped), fg=typer.colors.YELLOW, err=True)
         raise typer.Exit(130)
+    except RunFailed as failed:  # a step raised: the steps before it are saved, the message says how to go on
+        if _debug():
+            raise
+        typer.secho(f"error: {failed}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1)
     except KeyboardInterrupt:  # a second Ctrl-C: stopped inside a step, which is not saved
         typer.secho(f"interrupted inside a step; the last checkpoint in {getattr(cfg, 'out', '.')} (if any) is kept. "
                     f"Continue with the same command and resume=true", fg=typer.colors.YELLOW, err=True)

@@ -28,14 +28,14 @@ from rlvr.stages.metrics import (RunMonitor, finished_validation, log_step, roll
 from rlvr.stages.rollouts import (Rollouts, Scored, build_reward_fn, collect_rollouts, dynamic_rollouts,
                                   next_questions, rollout_sampling, sampled_log_probs, score_completions,
                                   score_rollouts)
-from rlvr.stages.run import (RunInterrupted, StopRequests, build_engines, build_optimizer, finish_run, fmt_metrics,
-                             frozen_dtype, load_frozen, load_policy, native_precision, open_logger, placement,
-                             restore, start_run, trainer_state)
+from rlvr.stages.run import (RunFailed, RunInterrupted, StopRequests, build_engines, build_optimizer, finish_run,
+                             finished_state, fmt_metrics, frozen_dtype, load_frozen, load_policy, native_precision,
+                             open_logger, placement, restore, save_finished, start_run, trainer_state)
 from rlvr.stages.validation import start_validation, validate, validation_rows
 
 __all__ = ["TaskReport", "check_task", "warn_unlearnable", "Curriculum", "first_pass", "question_sampler", "record_rollouts", "sampler_state", "episode_metrics",
     "run_episodes",
-    "Rollouts", "RunInterrupted", "RunMonitor", "Scored", "StopRequests", "build_engines", "build_optimizer",
+    "Rollouts", "RunFailed", "RunInterrupted", "finished_state", "save_finished", "RunMonitor", "Scored", "StopRequests", "build_engines", "build_optimizer",
     "build_reward_fn", "collect_rollouts", "distill_from_teacher", "dynamic_rollouts", "evaluate", "finish_run",
     "finished_validation", "fmt_metrics", "frozen_dtype", "load_frozen", "load_policy", "log_step",
     "native_precision", "next_questions", "open_logger", "placement", "reference_log_probs", "reference_model",

@@ -86,7 +86,8 @@ def _score(task: Task, items: list[tuple[Example, str, str]]) -> list[dict]:
     if not items:
         return []
     examples, prompts, texts = zip(*items)
-    context = RewardContext(prompts=list(prompts), completion_ids=[[] for _ in texts], rows=list(examples), step=0)
+    context = RewardContext(prompts=list(prompts), completion_ids=[[] for _ in texts], rows=list(examples), step=0,
+                            row_prompts=[task.prompt.reward_prompt(ex) for ex in examples])
     scores, _ = score_batch(task.reward_fn, list(texts), [ex.answer for ex in examples], context)
     return scores
 

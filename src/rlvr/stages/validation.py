@@ -58,7 +58,7 @@ def validate(engine: RolloutEngine, policy, examples: list[Example], prompt: Pro
         s = result.summary
         metrics.update({
             f"{name}/accuracy": s["accuracy"],
-            f"{name}/format_rate": s["format_rate"],
+            **({f"{name}/format_rate": s["format_rate"]} if s["format_rate"] is not None else {}),
             f"{name}/mean_response_tokens": s["mean_response_tokens"],
             f"{name}/truncated_rate": s["truncated_rate"],
             f"{name}/seconds": s["seconds"],

@@ -58,25 +58,37 @@ def check_reward_names(cfg, prompt: PromptTemplate) -> None:
                              f"{prompt.name!r} has none: write the format check as a reward function")
 
 
-def _component(name: str, prompt: PromptTemplate) -> RewardFn:
+def _component(name: str, prompt: PromptTemplate, timeout: float | None = None, label: str | None = None) -> RewardFn:
     if name == "format":
         return format_reward_fn(prompt.reward)
     if is_user_reward(name):
-        return UserReward(name)
+        return UserReward(name, timeout=timeout, label=label)
     return get_reward_fn(name)
+
+
+def term_labels(names) -> list[str]:
+    """The name each term is logged under (`reward/<label>`): a function's name, with #2, #3, ... after it when
+    two terms share one (two lambdas, [f, f], two files' `score`)."""
+    labels, seen = [], {}
+    for name in names:
+        label = reward_label(name)
+        seen[label] = seen.get(label, 0) + 1
+        labels.append(label if seen[label] == 1 else f"{label}#{seen[label]}")
+    return labels
 
 
 def build_reward_fn(cfg, prompt: PromptTemplate) -> RewardFn:
     """The prompt's reward, or the weighted combination `rewards=` names (seed 002's correctness + format;
     a user's functions beside built-ins), each term logged as `reward/<name>`. The length term `overlong` is not
-    a function of the text: rlvr.stages.rollouts adds it."""
+    a function of the text: rlvr.stages.rollouts adds it. A user's function may take `reward_timeout` seconds a
+    batch."""
     terms = {k: w for k, w in reward_terms(cfg, prompt).items() if k != "overlong"}
+    timeout = getattr(cfg, "reward_timeout", None)
     if not getattr(cfg, "rewards", None):
-        return _component(next(iter(terms)), prompt)
-    labels = [reward_label(n) for n in terms]
-    parts = [(label if labels.count(label) == 1 else name, _component(name, prompt), weight)
-             for name, label, weight in zip(terms, labels, terms.values())]
-    return combine_rewards(parts)
+        return _component(next(iter(terms)), prompt, timeout)
+    labels = term_labels(terms)
+    return combine_rewards([(label, _component(name, prompt, timeout, label), weight)
+                            for name, label, weight in zip(terms, labels, terms.values())])
 
 
 def eval_reward_fn(cfg, prompt: PromptTemplate) -> RewardFn:

@@ -25,7 +25,7 @@ from typing import Callable
 
 from rlvr.config import ConfigError, EvalConfig, TrainConfig, load_config
 from rlvr.core.models import cache_dir
-from rlvr.tasks.user_rewards import USER_REWARDS, register_reward
+from rlvr.tasks.user_rewards import PYTHON, register_reward
 
 
 def _rows_file(rows, what: str) -> str:
@@ -52,6 +52,9 @@ def _rows_file(rows, what: str) -> str:
 
 
 def _reward_terms(reward_funcs, reward_weights) -> dict[str, float]:
+    """{key: weight}: a name rewards= takes as it is, a callable registered under python:<position>:<name>, so
+    that TRL's list keeps each entry a term of its own ([f, f] with weights [1, 2] weighs f 3; two lambdas are two
+    terms) and defining a function again (a notebook cell run twice) replaces it."""
     if reward_funcs is None:
         return {}
     if isinstance(reward_funcs, dict):
@@ -62,16 +65,13 @@ def _reward_terms(reward_funcs, reward_weights) -> dict[str, float]:
         if len(weights) != len(funcs):
             raise ConfigError(f"reward_weights has {len(weights)} weights for {len(funcs)} reward functions")
         items = list(zip(funcs, weights))
-    terms = {}
-    for fn, weight in items:
+    terms: dict[str, float] = {}
+    for position, (fn, weight) in enumerate(items):
         if isinstance(fn, str):  # a name rewards= takes (a built-in, a file.py:fn)
-            terms[fn] = float(weight)
+            terms[fn] = terms.get(fn, 0.0) + float(weight)
             continue
         name = getattr(fn, "__name__", None) or type(fn).__name__
-        if USER_REWARDS.get(name, fn) is not fn:
-            raise ConfigError(f"two different reward functions are called {name!r}; rename one (each is logged as "
-                              f"reward/<name>)")
-        terms[register_reward(name, fn)] = float(weight)
+        terms[register_reward(name, fn, position)] = float(weight)
     return terms
 
 
@@ -100,7 +100,7 @@ def train(config: str | Path | dict | TrainConfig | None = None, *, reward_funcs
     from rlvr.training.rl import train_grpo
 
     cfg = _build(TrainConfig, config, reward_funcs, reward_weights, train_dataset, eval_dataset, overrides)
-    if cfg.distributed.enabled and any(name in USER_REWARDS for name in cfg.rewards or {}):
+    if cfg.distributed.enabled and any(name.startswith(PYTHON) for name in cfg.rewards or {}):
         raise ConfigError("a reward function handed over in Python lives in this process only; a distributed run "
                           "needs it in a file: rewards={path/to/file.py:fn: 1.0}")
     train_grpo(cfg)

@@ -82,7 +82,8 @@ def rollout_pairs(engine, questions: list[Example], prompt: PromptTemplate, rewa
     completions = engine.generate(prompts, sampling)
     truths = [questions[c.prompt_index].answer for c in completions]
     scores, grading = score_batch(reward_fn, [c.text for c in completions], truths,
-                                  RewardContext.of_completions(completions, prompts, questions, step))
+                                  RewardContext.of_completions(completions, prompts, questions, step,
+                                                               template=prompt))
     _, meta = rewards_and_metadata(scores, grading)
     right: dict[int, dict[str, tuple[int, ...]]] = {}
     wrong: dict[int, dict[str, tuple[int, ...]]] = {}

@@ -63,51 +63,59 @@ def train_grpo(cfg: TrainConfig) -> dict:
     if step == 0 and cfg.eval_at_start and val:
         metrics = stages.start_validation(val_engine, model, val, prompt, tokenizer, cfg)
         logger.log(0, metrics)
-        log.info("step 0 validation: accuracy %.3f, format %.3f", metrics["val/accuracy"], metrics["val/format_rate"])
+        log.info("step 0 validation: %s", stages.finished_validation(metrics))
 
     from tqdm import tqdm
 
     bar = tqdm(total=cfg.steps, initial=step, desc=f"train {cfg.algorithm}", unit="step")
     metrics: dict = {}
+    def state_now() -> dict:
+        return stages.trainer_state(optimizer, scheduler, order, monitor=monitor.state(),
+                                    **stages.sampler_state(sampler))
+
     with stages.StopRequests() as stop:
         while step < cfg.steps:
             step += 1
             times: dict[str, float] = {}
             dynamic, graded, sampled = {}, None, None
-            with stages.timed(times, "generate"):
-                if cfg.dynamic_sampling:
-                    rollouts, dynamic, graded, sampled = stages.dynamic_rollouts(
-                        engine, model, train, sampler, prompt, tokenizer, cfg, step, reward_fn, spec)
-                else:
-                    rollouts = stages.collect_rollouts(engine, model, train, sampler, prompt, tokenizer, cfg, step)
-            with stages.timed(times, "score"):
-                scored = stages.score_rollouts(rollouts, reward_fn, spec, cfg, tokenizer, graded)
-                every, every_scores = sampled if sampled is not None else (rollouts, scored.scores)
-                curriculum = stages.record_rollouts(sampler, every, every_scores, scored.scores, cfg.group_size)
-            with stages.timed(times, "teacher"):
-                # (distill_kl reverse / forward: the update scores the teacher itself, logs train/teacher_kl_exact)
-                distilled = stages.distill_from_teacher(scored.batch, model, teacher, spec, cfg) \
-                    if teacher is not None and not spec.exact_distill else {}
-            updates = stages.train_on_rollouts(model, optimizer, scheduler, reference, scored.batch, spec, cfg, step,
-                                               times, teacher=teacher)
+            # a step that fails (a reward function's error) keeps the steps before it: this is what they left
+            last, updated = stages.finished_state(state_now()), []
+            save_last = lambda: stages.save_finished(  # noqa: E731
+                run_dir, step if updated else step - 1, model, tokenizer, state_now() if updated else last, cfg)
+            with stop.step(cfg, run_dir, step, "rlvr train", save_last, close=(bar.close, logger.close)):
+                with stages.timed(times, "generate"):
+                    if cfg.dynamic_sampling:
+                        rollouts, dynamic, graded, sampled = stages.dynamic_rollouts(
+                            engine, model, train, sampler, prompt, tokenizer, cfg, step, reward_fn, spec)
+                    else:
+                        rollouts = stages.collect_rollouts(engine, model, train, sampler, prompt, tokenizer, cfg,
+                                                           step)
+                with stages.timed(times, "score"):
+                    scored = stages.score_rollouts(rollouts, reward_fn, spec, cfg, tokenizer, graded)
+                    every, every_scores = sampled if sampled is not None else (rollouts, scored.scores)
+                    curriculum = stages.record_rollouts(sampler, every, every_scores, scored.scores, cfg.group_size)
+                with stages.timed(times, "teacher"):
+                    # (distill_kl reverse / forward: the update scores the teacher itself, logs train/teacher_kl_exact)
+                    distilled = stages.distill_from_teacher(scored.batch, model, teacher, spec, cfg) \
+                        if teacher is not None and not spec.exact_distill else {}
+                updated.append(True)  # from here the model has moved: a failure saves this step
+                updates = stages.train_on_rollouts(model, optimizer, scheduler, reference, scored.batch, spec, cfg,
+                                                   step, times, teacher=teacher)
 
-            lr = scheduler.get_last_lr()[0]
-            metrics = {**stages.step_metrics(cfg, rollouts, scored, updates, times, lr, sampled),
-                       **distilled,
-                       **dynamic,
-                       **curriculum}
-            if val and stages.validation_due(cfg, step):
-                with stages.timed(times, "validate"):
-                    val_metrics, _ = stages.validate(val_engine, model, val, prompt, tokenizer, cfg)
-                metrics.update(val_metrics, **{"time/validate": times["validate"]})
-            stages.log_step(step, metrics, rollouts, scored, times, monitor, logger, bar, cfg)
+                lr = scheduler.get_last_lr()[0]
+                metrics = {**stages.step_metrics(cfg, rollouts, scored, updates, times, lr, sampled),
+                           **distilled,
+                           **dynamic,
+                           **curriculum}
+                if val and stages.validation_due(cfg, step):
+                    with stages.timed(times, "validate"):
+                        val_metrics, _ = stages.validate(val_engine, model, val, prompt, tokenizer, cfg)
+                    metrics.update(val_metrics, **{"time/validate": times["validate"]})
+                stages.log_step(step, metrics, rollouts, scored, times, monitor, logger, bar, cfg)
             # the periodic checkpoint; on Ctrl-C / SIGTERM this step saved and the run stopped with one line
             stop.after_step(cfg, run_dir, step, "rlvr train", close=(bar.close, logger.close),
-                            save=lambda: ckpt.save_checkpoint(
-                                run_dir, step, model, tokenizer,
-                                stages.trainer_state(optimizer, scheduler, order, monitor=monitor.state(),
-                                                     **stages.sampler_state(sampler)),
-                                keep=cfg.keep_checkpoints))
+                            save=lambda: ckpt.save_checkpoint(run_dir, step, model, tokenizer, state_now(),
+                                                              keep=cfg.keep_checkpoints))
     bar.close()
     summary = {"steps": step, "algorithm": cfg.algorithm,
                **{k_: v for k_, v in metrics.items() if k_.startswith("val/")}}
