@@ -147,15 +147,21 @@ def check_task_command(ctx: typer.Context, config: Path = ConfigOption,
     from rlvr.stages.check import check_task
     from rlvr.tasks.task import load_task
 
+    from rlvr.stages.check import model_context
+
     try:
         task = load_task(cfg)
         tokenizer = load_tokenizer(cfg.model)
-        report = check_task(task, tokenizer=tokenizer, n=rows)
+        report = check_task(task, tokenizer=tokenizer, n=rows, context=model_context(cfg.model),
+                            max_new_tokens=max(cfg.max_new_tokens, cfg.eval_max_new_tokens))
     except ValueError as err:
         if _debug():
             raise
         _fail(str(err))
     typer.echo("rows: " + ", ".join(f"{split} {count}" for split, count in report.rows.items()))
+    for error in dict.fromkeys(report.errors.values()):  # one error of several splits, said once
+        splits = [split for split, e in report.errors.items() if e == error]
+        typer.secho(f"error ({', '.join(splits)}): {error}", fg=typer.colors.RED)
     for k, prompt in enumerate(report.prompts):
         typer.echo(f"--- prompt {k + 1} ---\n{prompt}")
     if report.prompt_tokens:
@@ -173,7 +179,8 @@ def check_task_command(ctx: typer.Context, config: Path = ConfigOption,
         typer.echo(f"  {term}: reference {sum(ref) / max(len(ref), 1):g}, empty {sum(emp) / max(len(emp), 1):g}")
     for warning in report.warnings:
         typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW)
-    typer.echo("ok" if not report.warnings else f"{len(report.warnings)} warning(s)")
+    typer.echo("ok" if not report.warnings and not report.errors else
+               f"{len(report.warnings)} warning(s), {len(report.errors)} split(s) that did not load")
 
 
 @app.command("demo", context_settings=_EXTRA,

@@ -80,6 +80,7 @@ def train_distributed(cfg: TrainConfig) -> dict:
     ckpt.seed_everything(cfg.seed)
     task, spec = load_task(cfg), cfg.estimator
     prompt, train, val = task.prompt, task.split("train", cfg.train_limit), stages.validation_rows(task, cfg)
+    stages.check_before_loading(task, cfg, train + val)  # every row's prompt fills and fits the model's context
     reward_fn = stages.build_reward_fn(cfg, prompt.reward)
     tokenizer = load_tokenizer(cfg.model)
     started = start_ray(cfg)

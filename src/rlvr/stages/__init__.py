@@ -16,7 +16,7 @@ May import: rlvr.core, rlvr.sandbox, rlvr.grading, rlvr.tasks, rlvr.environments
 rlvr.config.
 """
 
-from rlvr.stages.check import TaskReport, check_task, warn_unlearnable
+from rlvr.stages.check import TaskReport, check_before_loading, check_task, warn_unlearnable
 from rlvr.stages.curriculum import (Curriculum, first_pass, question_sampler, record_rollouts,
                                     sampler_state)
 from rlvr.stages.episodes import episode_metrics, run_episodes
@@ -33,7 +33,7 @@ from rlvr.stages.run import (RunFailed, RunInterrupted, StopRequests, build_engi
                              open_logger, placement, restore, save_finished, start_run, trainer_state)
 from rlvr.stages.validation import start_validation, validate, validation_rows
 
-__all__ = ["TaskReport", "check_task", "warn_unlearnable", "Curriculum", "first_pass", "question_sampler", "record_rollouts", "sampler_state", "episode_metrics",
+__all__ = ["TaskReport", "check_before_loading", "check_task", "warn_unlearnable", "Curriculum", "first_pass", "question_sampler", "record_rollouts", "sampler_state", "episode_metrics",
     "run_episodes",
     "Rollouts", "RunFailed", "RunInterrupted", "finished_state", "save_finished", "RunMonitor", "Scored", "StopRequests", "build_engines", "build_optimizer",
     "build_reward_fn", "collect_rollouts", "distill_from_teacher", "dynamic_rollouts", "evaluate", "finish_run",

@@ -111,18 +111,25 @@ def build_engines(model, tokenizer, cfg: TrainingFields, where: Placement, rollo
     return engine, make(where.eval)
 
 
-def start_run(cfg: TrainingFields) -> Path:
-    if cfg.grades_code:  # a sandbox that cannot isolate programs stops the run here, before anything is written
-        cfg.sandbox.apply()
+def check_out(cfg: TrainingFields) -> Path:
+    """The run directory `out` can be a run's: no file in its way, no other run in it unless resumed. Cheap:
+    loops call it before the slower checks (a model converted, every prompt tokenized)."""
     run_dir = Path(cfg.out)
     blocked = next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), None)
     if blocked is not None:
         raise FileExistsError(f"out={cfg.out}: {blocked} is a file, not a directory; choose another out=")
+    if (run_dir / "metrics.jsonl").exists() and not cfg.resume and ckpt.finished_model(run_dir) is None:
+        raise FileExistsError(f"{run_dir} already holds a run; pass resume=true to continue it or choose another out")
+    return run_dir
+
+
+def start_run(cfg: TrainingFields) -> Path:
+    if cfg.grades_code:  # a sandbox that cannot isolate programs stops the run here, before anything is written
+        cfg.sandbox.apply()
+    run_dir = check_out(cfg)
     from rlvr.core.models import resolve_model_path
 
     resolve_model_path(cfg.model)  # a model that is not there stops the run before its directory is made
-    if (run_dir / "metrics.jsonl").exists() and not cfg.resume and ckpt.finished_model(run_dir) is None:
-        raise FileExistsError(f"{run_dir} already holds a run; pass resume=true to continue it or choose another out")
     run_dir.mkdir(parents=True, exist_ok=True)
     saved = run_dir / "config.yaml"
     # a resume keeps the record of the run it continues (load_config refused any other settings); only raised

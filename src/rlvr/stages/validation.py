@@ -19,6 +19,7 @@ from rlvr.stages.evaluation import evaluate
 from rlvr.tasks.prompts import PromptTemplate
 from rlvr.tasks.records import EmptySplit, Example
 from rlvr.tasks.task import Task, eval_reward_fn
+from rlvr.tasks.user_rewards import reward_digest
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +136,10 @@ def start_validation_key(cfg: TrainingFields) -> str | None:
     if weights is None:
         return None
     fields = {k: v for k, v in cfg.model_dump(mode="json", by_alias=True).items() if k not in NOT_IN_START_VALIDATION}
+    # a user's reward function by what it is (its code, the files beside it, what it reads), not by its name
+    rewards = {name: reward_digest(name) for name in (getattr(cfg, "rewards", None) or {})}
     key = {"config": fields, "weights": weights, "code": _code_digest(), "packages": _versions(),
-           "cpu": ckpt.cpu_name(), "threads": torch.get_num_threads(), "files": _task_files(cfg)}
+           "cpu": ckpt.cpu_name(), "threads": torch.get_num_threads(), "files": _task_files(cfg), "rewards": rewards}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 

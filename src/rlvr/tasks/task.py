@@ -56,6 +56,10 @@ def check_reward_names(cfg, prompt: PromptTemplate) -> None:
         if name == "format" and prompt.reward is None:
             raise ValueError(f"rewards has a format term, which is the prompt's format reward, but prompt "
                              f"{prompt.name!r} has none: write the format check as a reward function")
+    answer = getattr(cfg, "answer_term", None)
+    terms = [k for k in reward_terms(cfg, prompt) if k != "overlong"]
+    if answer is not None and answer not in terms + term_labels(terms):
+        raise ValueError(f"answer_term={answer!r} is not one of the run's reward terms ({', '.join(term_labels(terms))})")
 
 
 def _component(name: str, prompt: PromptTemplate, timeout: float | None = None, label: str | None = None) -> RewardFn:
@@ -87,8 +91,10 @@ def build_reward_fn(cfg, prompt: PromptTemplate) -> RewardFn:
     if not getattr(cfg, "rewards", None):
         return _component(next(iter(terms)), prompt, timeout)
     labels = term_labels(terms)
+    answer = getattr(cfg, "answer_term", None)
+    answer = dict(zip(terms, labels)).get(answer, answer)  # a rewards= key names its term too
     return combine_rewards([(label, _component(name, prompt, timeout, label), weight)
-                            for name, label, weight in zip(terms, labels, terms.values())])
+                            for name, label, weight in zip(terms, labels, terms.values())], answer_term=answer)
 
 
 def eval_reward_fn(cfg, prompt: PromptTemplate) -> RewardFn:

@@ -75,7 +75,8 @@ def _reward_terms(reward_funcs, reward_weights) -> dict[str, float]:
     return terms
 
 
-def _build(cls, config, reward_funcs, reward_weights, train_dataset, eval_dataset, overrides: dict):
+def _build(cls, config, reward_funcs, reward_weights, train_dataset, eval_dataset, overrides: dict,
+           given: str = "rlvr.train"):
     overrides = dict(overrides)
     terms = _reward_terms(reward_funcs, reward_weights)
     if terms:
@@ -88,10 +89,10 @@ def _build(cls, config, reward_funcs, reward_weights, train_dataset, eval_datase
         overrides["validation_dataset"] = _rows_file(eval_dataset, "eval")
     if isinstance(config, cls):
         data = config.model_dump(by_alias=True, exclude_unset=True)
-        return load_config(cls, None, {**data, **overrides})
+        return load_config(cls, None, {**data, **overrides}, given=given)
     if isinstance(config, dict):
-        return load_config(cls, None, {**config, **overrides})
-    return load_config(cls, config, overrides)
+        return load_config(cls, None, {**config, **overrides}, given=given)
+    return load_config(cls, config, overrides, given=given)
 
 
 def train(config: str | Path | dict | TrainConfig | None = None, *, reward_funcs: Callable | list | dict | None = None,
@@ -112,5 +113,5 @@ def evaluate(config: str | Path | dict | EvalConfig | None = None, *, reward_fun
     """Evaluate as `rlvr eval` does, in this process; returns the summary (accuracy: the mean reward)."""
     from rlvr.stages.evaluation import run_eval
 
-    cfg = _build(EvalConfig, config, reward_funcs, reward_weights, dataset, None, overrides)
+    cfg = _build(EvalConfig, config, reward_funcs, reward_weights, dataset, None, overrides, given="rlvr.evaluate")
     return run_eval(cfg)

@@ -181,6 +181,8 @@ def train_dpo(cfg: DPOConfig) -> dict:
     from_rollouts = cfg.pairs == "rollouts"
     source = task.split("train", cfg.train_limit) if from_rollouts else load_pairs(cfg.pairs)
     val = validation_rows(task, cfg)
+    if from_rollouts:  # every row's prompt fills and fits the model's context, before the model loads
+        stages.check_before_loading(task, cfg, source + val)
     model, tokenizer, state = stages.load_policy(cfg, run_dir, where.policy)
     reference = _frozen_reference(cfg, where.reference)
     optimizer, scheduler = stages.build_optimizer(model, cfg, cfg.steps)

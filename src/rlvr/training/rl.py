@@ -42,6 +42,7 @@ def train_grpo(cfg: TrainConfig) -> dict:
     ckpt.seed_everything(cfg.seed)
     task, spec = load_task(cfg), cfg.estimator  # rows + prompt + reward, a built-in task's or a user's
     prompt, train, val = task.prompt, task.split("train", cfg.train_limit), stages.validation_rows(task, cfg)
+    stages.check_before_loading(task, cfg, train + val)  # every row's prompt fills and fits the model's context
     run_dir = stages.start_run(cfg)  # (after the data's checks: a run that cannot start leaves no directory behind)
     cfg = stages.native_precision(cfg, where)
     reward_fn = stages.build_reward_fn(cfg, prompt.reward)
