@@ -4,7 +4,6 @@ from 0/1 signals, and data as written with errors where they are."""
 
 import json
 import math
-import textwrap
 
 import pytest
 import torch
@@ -306,7 +305,8 @@ def test_check_task_checks_every_row_and_the_models_context(tmp_path, model_dir)
                                        "    return [float(len(ids)) for ids in completion_ids]\n")
     short = _jsonl(tmp_path / "short.jsonl", [{"question": f"q{i}", "answer": "four"} for i in range(12)])
     cfg = load_config(TrainConfig, overrides={"dataset": short, "prompt": "row", "solution_field": "answer",
-                                              "rewards": {f"{tmp_path / 'count.py'}:tokens": 1}, "model": str(model_dir)})
+                                              "rewards": {f"{tmp_path / 'count.py'}:tokens": 1},
+                                              "model": str(model_dir)})
     report = check_task(load_task(cfg), tokenizer=tok, n=4)
     assert [s["reward"] for s in report.reference] == [4.0] * 4 and report.warnings == []
 

@@ -216,4 +216,4 @@ def finished_validation(summary: dict) -> str:
     if "val/accuracy" not in summary:
         return "no validation (eval_at_end=false and no eval_every step)"
     rate = summary.get("val/format_rate")
-    return f"validation accuracy {summary['val/accuracy']:.3f}" + (f", format rate {rate:.3f}" if rate is not None else "")
+    return f"validation accuracy {summary['val/accuracy']:.3f}" + ("" if rate is None else f", format rate {rate:.3f}")

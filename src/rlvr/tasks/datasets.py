@@ -68,8 +68,9 @@ def _without(rows: list[Example], held: set[str], name: str, split: str, other: 
     """`rows` without those whose question is in `held` (another split's), said once when any are left out."""
     kept = [r for r in rows if content_key(r) not in held]
     if len(kept) < len(rows):  # expected of a generated task's small question space, news of a user's rows
-        log.log(logging.WARNING if is_user_table(name) else logging.INFO, "dataset %r: %d of the %s split's %d rows ask a question of the %s split and are left out of "
-                    "%s", name, len(rows) - len(kept), split, len(rows), other, split)
+        log.log(logging.WARNING if is_user_table(name) else logging.INFO,
+                "dataset %r: %d of the %s split's %d rows ask a question of the %s split and are left out of %s",
+                name, len(rows) - len(kept), split, len(rows), other, split)
     if rows and not kept:
         raise DataError(f"dataset {name!r}: every row of its {split} split is also in the {other} split, so "
                         f"nothing is left to {'train on' if split == 'train' else 'use'}")
@@ -132,7 +133,8 @@ def is_code_dataset(name: str, tests_field: str = "tests") -> bool:
 
 def is_user_table(name: str) -> bool:
     """Whether `dataset=` names a user's rows (a file, a saved folder, hf:NAME) rather than a built-in task."""
-    return not (name == "gsm8k" or _is_arithmetic(name) or _is_generated_code(name) or name.startswith("reasoning_gym:"))
+    return not (name == "gsm8k" or _is_arithmetic(name) or _is_generated_code(name)
+                or name.startswith("reasoning_gym:"))
 
 
 def default_prompt(dataset: str, tests_field: str = "tests") -> str:

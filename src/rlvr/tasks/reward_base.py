@@ -149,8 +149,9 @@ def score_batch(
         context = context or RewardContext()
         awaitable = reward_fn.start(responses, ground_truths, context)
         if awaitable is not None:
+            shown = getattr(reward_fn, "shown", reward_fn.name)
             context.results[id(reward_fn)] = run_awaitables([awaitable], getattr(reward_fn, "timeout", None),
-                                                            f"reward function {getattr(reward_fn, 'shown', reward_fn.name)!r} on the batch")[0]
+                                                            f"reward function {shown!r} on the batch")[0]
         pairs, finish = reward_fn.plan(responses, ground_truths, context)  # a code reward runs its programs here
         verdicts, counts = grade_pairs(pairs)
         # a user's function alone that says None ("does not apply") gives the row no reward, nor a signal: NaN

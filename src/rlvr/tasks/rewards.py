@@ -202,7 +202,8 @@ class CombinedReward(RewardFn):
             for k in range(len(responses)):
                 # a function's None ("does not apply to this row", TRL's convention) leaves the weighted sum; a row
                 # none applies to has no reward at all (NaN: rlvr.stages.rollouts leaves it out of its group)
-                applied = [(w, float(scores[k]["reward"])) for _, w, scores in results if scores[k]["reward"] is not None]
+                applied = [(w, float(scores[k]["reward"])) for _, w, scores in results
+                           if scores[k]["reward"] is not None]
                 reward = sum(w * r for w, r in applied) if applied else math.nan
                 if answer_from is None:  # only a user's functions: the weighted reward is the answer signal
                     answer = reward

@@ -59,7 +59,8 @@ def check_reward_names(cfg, prompt: PromptTemplate) -> None:
     answer = getattr(cfg, "answer_term", None)
     terms = [k for k in reward_terms(cfg, prompt) if k != "overlong"]
     if answer is not None and answer not in terms + term_labels(terms):
-        raise ValueError(f"answer_term={answer!r} is not one of the run's reward terms ({', '.join(term_labels(terms))})")
+        raise ValueError(f"answer_term={answer!r} is not one of the run's reward terms "
+                         f"({', '.join(term_labels(terms))})")
 
 
 def _component(name: str, prompt: PromptTemplate, timeout: float | None = None, label: str | None = None) -> RewardFn:
