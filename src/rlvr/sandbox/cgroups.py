@@ -57,6 +57,11 @@ class Group:
                 return int(line.split()[1]) / 1e6
         return 0.0
 
+    def tasks(self) -> list[int]:
+        """Every thread of the group's processes (whose /proc/<tid>/schedstat says what each did)."""
+        name = "tasks" if self.version == 1 else "cgroup.threads"
+        return [int(t) for t in _read(f"{self.dirs['cpu']}/{name}").split()]
+
     def oom_killed(self) -> bool:
         """Whether the kernel killed a process of this group for its memory limit."""
         name = "memory.oom_control" if self.version == 1 else "memory.events"

@@ -1,0 +1,475 @@
+"""The program's process: untrusted from the moment the program's first line runs.
+
+It holds the program and nothing of the judge's (forked before the judge reads its job). It loads the program
+as the module the tests import (`solution`), tells the judge its top-level names, then answers the judge's
+requests (call, getattr, len, next, ...) until told to stop. The program reaches the tests' world only through
+`JudgeObject` stand-ins: the judge's callables and objects it was given (a test's lambda, a mock), `input()` and
+`sys.stdin`, which read what the test set up in the judge (monkeypatch, a StringIO), and `sys.stdout` /
+`sys.stderr`, whose text goes to the judge's own (so capsys sees it) with each reply. A stdin/stdout task runs
+the program as a script, once per input, in a child of this process.
+"""
+
+import builtins
+import io
+import os
+import resource
+import signal
+import sys
+import types
+
+from . import wire
+
+SCRIPT_NAME = "solution.py"
+
+
+class JudgeObject:
+    """An object of the judge's, as the program sees it: every use is a request to the judge."""
+
+    __slots__ = ("_rlvr_n", "_rlvr_flags", "_rlvr_type")
+
+    def __init__(self, n: int, kind: str, flags: str):
+        object.__setattr__(self, "_rlvr_n", n)
+        object.__setattr__(self, "_rlvr_flags", flags)
+        object.__setattr__(self, "_rlvr_type", kind)
+
+    def __call__(self, *args, **kwargs):
+        return _server.ask_call(self, args, kwargs)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _server.ask(self, "getattr", name=name)
+
+    def __setattr__(self, name, value):
+        _server.ask(self, "setattr", name=name, value=_server.arg(value))
+
+    def __delattr__(self, name):
+        _server.ask(self, "delattr", name=name)
+
+    def __getitem__(self, key):
+        return _server.ask(self, "getitem", key=_server.arg(key))
+
+    def __setitem__(self, key, value):
+        _server.ask(self, "setitem", key=_server.arg(key), value=_server.arg(value))
+
+    def __delitem__(self, key):
+        _server.ask(self, "delitem", key=_server.arg(key))
+
+    def __len__(self):
+        return _server.ask(self, "len")
+
+    def __iter__(self):
+        return _server.ask(self, "iter")
+
+    def __next__(self):
+        return _server.ask(self, "next")
+
+    def __bool__(self):
+        return _server.ask(self, "bool")
+
+    def __eq__(self, other):
+        return other is self or ("e" in self._rlvr_flags and _server.ask(self, "eq", other=_server.arg(other)))
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    def __hash__(self):
+        return hash(("judge", self._rlvr_n)) if "e" not in self._rlvr_flags else _server.ask(self, "hash")
+
+    def __contains__(self, item):
+        return _server.ask(self, "contains", item=_server.arg(item))
+
+    def __str__(self):
+        return _server.ask(self, "str")
+
+    def __repr__(self):
+        return _server.ask(self, "repr")
+
+    def __reduce__(self):
+        raise TypeError("an object of the tests' cannot be pickled (it lives in the judge's process)")
+
+
+class Forward(io.TextIOBase):
+    """sys.stdout / sys.stderr of the program: text kept for the next reply, which the judge writes to its own
+    stream (pytest's capture, a redirect). Past the sandbox's output budget, and in a forked child, it goes to
+    the real file descriptor, whose output the sandbox counts."""
+
+    def __init__(self, fd: int, cap: int):
+        super().__init__()
+        self.fd, self.cap, self.parts, self.total = fd, cap, [], 0
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        self.total += len(text)
+        if os.getpid() != _server.pid or self.total > self.cap:
+            _write_fd(self.fd, text.encode("utf-8", "replace"))
+        else:
+            self.parts.append(text)
+        return len(text)
+
+    def take(self) -> str:
+        text = "".join(self.parts)
+        self.parts.clear()
+        return text
+
+    def writable(self):
+        return True
+
+    @property
+    def encoding(self):
+        return "utf-8"
+
+    @property
+    def buffer(self):
+        return _Bytes(self)
+
+
+class _Bytes:
+    def __init__(self, text: Forward):
+        self.text = text
+
+    def write(self, data):
+        return self.text.write(bytes(data).decode("utf-8", "replace"))
+
+    def flush(self):
+        pass
+
+
+class JudgeStdin(io.TextIOBase):
+    """sys.stdin of the program: reads the judge's sys.stdin, as the test has set it (monkeypatch, StringIO)."""
+
+    def readable(self):
+        return True
+
+    def read(self, size=-1):
+        return _server.ask_stdin("read", size if size is not None else -1)
+
+    def readline(self, size=-1):
+        return _server.ask_stdin("readline", size if size is not None else -1)
+
+    def readlines(self, hint=-1):
+        return _server.ask_stdin("readlines", hint)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        line = self.readline()
+        if not line:
+            raise StopIteration
+        return line
+
+
+def _input(prompt=""):
+    """The program's input(): the judge's input() (the test's patched one, or its sys.stdin)."""
+    return _server.ask_input(prompt)
+
+
+def _write_fd(fd: int, data: bytes):
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:
+        pass
+
+
+class Server:
+    """The program's side of the exchange."""
+
+    def __init__(self, pipe: wire.Pipe, limits: dict):
+        self.pid = os.getpid()
+        self.codec = wire.Codec("p", JudgeObject)
+        self.peer = wire.Peer(pipe, self.serve)
+        cap = int(limits.get("output_kb", 1024)) * 1024
+        self.out, self.err = Forward(1, cap), Forward(2, cap)
+        self.module = None
+        self.originals: dict[tuple, object] = {}  # (module, name) -> the program's own value, before a patch
+
+    # ----------------------------------------------------------------------------- what the program asks
+
+    def arg(self, value) -> dict:
+        return {"n": self.codec.encode(value, wire.Memo())}
+
+    def _exchange(self, message: dict):
+        if os.getpid() != self.pid:
+            raise RuntimeError("the tests' objects can be used only from the program's own process")
+        reply = self.peer.request(message)
+        return self.result(reply, wire.Memo())
+
+    def result(self, reply: dict, memo: wire.Memo):
+        try:
+            if "w" in reply:
+                self.codec.apply(reply["w"], memo)
+            if "e" in reply:
+                error = self.codec.decode(reply["e"], memo)
+            else:
+                return self.codec.decode(reply.get("v"), memo)
+        except wire.Malformed as err:
+            raise RuntimeError(f"a malformed reply from the judge ({err})") from None
+        if not isinstance(error, BaseException):
+            raise RuntimeError("a malformed reply from the judge")
+        raise error
+
+    def ask(self, target: JudgeObject, op: str, **fields):
+        return self._exchange({"op": op, "t": target._rlvr_n, **fields})
+
+    def ask_call(self, target: JudgeObject, args, kwargs):
+        if os.getpid() != self.pid:
+            raise RuntimeError("the tests' objects can be used only from the program's own process")
+        memo = wire.Memo()
+        message = {"op": "call", "t": target._rlvr_n, "a": [self.codec.encode(a, memo) for a in args],
+                   "k": {str(k): self.codec.encode(v, memo) for k, v in kwargs.items()}}
+        return self.result(self.peer.request(message), memo)
+
+    def ask_stdin(self, method: str, size: int):
+        return self._exchange({"op": "stdin", "m": method, "size": size})
+
+    def ask_input(self, prompt):
+        text = self.out.take()  # what the program printed before: ahead of the prompt
+        return self._exchange({"op": "input", "prompt": self.codec.encode(str(prompt), wire.Memo()), "o": text})
+
+    # ----------------------------------------------------------------------------- what the judge asks
+
+    def serve(self, request: dict) -> dict:
+        try:
+            reply = self._serve(request)
+        except wire.Gone:
+            raise
+        except BaseException as err:  # the program's exception, as data
+            try:
+                reply = {"e": self.codec.encode(err, wire.Memo())}
+            except BaseException:
+                reply = {"e": ["x", ["X", "b", "RuntimeError"], ["an exception that cannot cross"], {}, ""]}
+        text, errors = self.out.take(), self.err.take()
+        if text:
+            reply["o"] = text
+        if errors:
+            reply["x"] = errors
+        return reply
+
+    def _serve(self, request: dict) -> dict:
+        op, memo = request.get("op"), wire.Memo()
+        if op == "script":
+            ran = run_script(self.code, str(request.get("stdin", "")), int(request.get("cap", 1 << 20)))
+            return {"v": self.codec.encode(ran, memo)}
+        if op == "sync":
+            self.sync(request.get("patches") or [])
+            env = request.get("env")
+            if isinstance(env, dict):
+                for key, value in dict(env.get("set") or {}).items():
+                    os.environ[str(key)] = str(value)
+                for key in list(env.get("unset") or []):
+                    os.environ.pop(str(key), None)
+            if isinstance(request.get("cwd"), str):
+                os.chdir(request["cwd"])
+            return {"v": None}
+        n = request.get("t")
+        if type(n) is not int or not 0 < n < len(self.codec.exported):
+            raise TypeError("no such object")
+        target = self.codec.exported[n]
+        decode = self.codec.decode
+        if op == "call":
+            args = [decode(a, memo) for a in request.get("a", [])]
+            kwargs = {str(k): decode(v, memo) for k, v in dict(request.get("k", {})).items()}
+            self.codec.note_states(memo)
+            value = target(*args, **kwargs)
+            changes = self.codec.changes(memo)
+            return {"w": changes, "v": self.codec.encode(value, memo)} if changes else {"v": self.codec.encode(value, memo)}
+        if op == "getattr":
+            return {"v": self.codec.encode(getattr(target, str(request["name"])), memo)}
+        if op == "setattr":
+            setattr(target, str(request["name"]), decode(request["value"]["n"], memo))
+            return {"v": None}
+        if op == "delattr":
+            delattr(target, str(request["name"]))
+            return {"v": None}
+        if op == "getitem":
+            return {"v": self.codec.encode(target[decode(request["key"]["n"], memo)], memo)}
+        if op == "setitem":
+            target[decode(request["key"]["n"], memo)] = decode(request["value"]["n"], memo)
+            return {"v": None}
+        if op == "delitem":
+            del target[decode(request["key"]["n"], memo)]
+            return {"v": None}
+        simple = {"len": len, "iter": iter, "next": next, "str": str, "repr": repr, "int": int, "float": float,
+                  "index": _index, "bool": bool}
+        if op in simple:
+            return {"v": self.codec.encode(simple[op](target), memo)}
+        raise TypeError(f"unknown request {str(op)[:40]!r}")
+
+    def sync(self, patches):
+        """The tests patched standard modules (mock.patch, monkeypatch): the same names here, as stand-ins for
+        the judge's objects; None puts the program's own value back."""
+        for module_name, name, node in patches[:1000]:
+            module = sys.modules.get(str(module_name))
+            if module is None or not isinstance(name, str):
+                continue
+            key = (module.__name__, name)
+            if node is None:
+                if key in self.originals:
+                    original = self.originals.pop(key)
+                    if original is _MISSING:
+                        module.__dict__.pop(name, None)
+                    else:
+                        setattr(module, name, original)
+                continue
+            self.originals.setdefault(key, module.__dict__.get(name, _MISSING))
+            if node == "-":
+                module.__dict__.pop(name, None)
+            else:
+                setattr(module, name, self.codec.decode(node, wire.Memo()))
+
+    # ----------------------------------------------------------------------------- loading
+
+    def load(self, job: dict) -> dict:
+        try:
+            self.code = compile(job["program"], SCRIPT_NAME, "exec")
+        except BaseException as err:  # SyntaxError, or a MemoryError from a huge program
+            return {"load": "syntax_error", "error": type(err).__name__}
+        if job.get("runner") == "stdio":
+            return {"load": "ok", "names": []}
+        module = types.ModuleType(job["module"])
+        module.__file__ = SCRIPT_NAME
+        sys.modules[job["module"]] = module
+        try:
+            exec(self.code, module.__dict__)
+        except BaseException as err:  # SystemExit too: exiting before the tests run is not passing them
+            return {"load": "error", "error": type(err).__name__}
+        self.module = module
+        names = []
+        for name, value in list(module.__dict__.items())[:1000]:
+            if name.startswith("__"):
+                continue
+            if isinstance(value, types.ModuleType):
+                names.append([name, "module", value.__name__])
+                continue
+            try:
+                names.append([name, "value", self.codec.encode(value, wire.Memo())])
+            except BaseException:
+                names.append([name, "value", [self.codec.me, self.codec.export(value), "object", ""]])
+        return {"load": "ok", "names": names, "self": self.codec.export(module)}
+
+
+_MISSING = object()
+_server: Server = None  # type: ignore[assignment]
+
+
+def _index(value):
+    return value.__index__()
+
+
+def run_script(code, stdin: str, cap: int) -> list:
+    """Run the program as a script on `stdin` in a fresh child: [stdout (at most `cap` bytes, decoded), exit
+    status, signal or 0, whether stdout was cut]."""
+    stdin_fd = os.open("/work" if os.path.isdir("/work") else ".", os.O_TMPFILE | os.O_RDWR, 0o600)
+    data = stdin.encode("utf-8", "surrogateescape")
+    while data:
+        data = data[os.write(stdin_fd, data):]
+    os.lseek(stdin_fd, 0, os.SEEK_SET)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.dup2(stdin_fd, 0)
+            os.dup2(write_fd, 1)
+            for fd in (stdin_fd, read_fd, write_fd):
+                os.close(fd)
+            status = _script_child(code)
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    os.close(stdin_fd)
+    chunks, size, cut = [], 0, False
+    while True:
+        try:
+            chunk = os.read(read_fd, 1 << 16)
+        except OSError:
+            break
+        if not chunk:
+            break
+        if size + len(chunk) > cap:
+            chunks.append(chunk[: cap - size])
+            cut = True
+            os.kill(pid, signal.SIGKILL)
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    os.close(read_fd)
+    _, status = os.waitpid(pid, 0)
+    signaled = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+    return [b"".join(chunks).decode("utf-8", "replace"), code, signaled, cut]
+
+
+_REAL_INPUT = builtins.input
+
+
+def _script_child(code) -> int:
+    """In the child: the program as `python solution.py < input`; its exit status."""
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8")
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", write_through=True)
+    builtins.input = _REAL_INPUT
+    sys.argv = [SCRIPT_NAME]
+    main = types.ModuleType("__main__")
+    main.__file__ = SCRIPT_NAME
+    sys.modules["__main__"] = main
+    status = 0
+    try:
+        exec(code, main.__dict__)
+    except SystemExit as exit_:
+        status = exit_.code if type(exit_.code) is int else 0 if exit_.code is None else 1
+        if exit_.code is not None and type(exit_.code) is not int:
+            print(exit_.code, file=sys.stderr)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        status = 1
+    try:
+        sys.stdout.flush()
+    except BaseException:
+        status = status or 120
+    return status
+
+
+def limit(limits: dict):
+    mb = 1 << 20
+    resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (limits["memory_mb"] * mb,) * 2)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_mb"] * mb,) * 2)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.get("files", 64),) * 2)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NPROC, (limits["tasks"],) * 2)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails with an error instead
+
+
+def main(pipe: wire.Pipe):
+    """Serve the judge until it stops; never returns."""
+    global _server
+    job = pipe.receive()
+    if not isinstance(job, dict):
+        os._exit(1)
+    limit(job["limits"])
+    _server = server = Server(pipe, job["limits"])
+    sys.stdout, sys.stderr, sys.stdin = server.out, server.err, JudgeStdin()
+    builtins.input = _input
+    loaded = server.load(job)
+    for key, stream in (("o", server.out), ("x", server.err)):
+        text = stream.take()
+        if text:
+            loaded[key] = text
+    pipe.send(loaded)
+    if loaded["load"] != "ok":
+        os._exit(0)
+    while True:
+        with server.peer.lock:
+            request = pipe.receive()
+        if not isinstance(request, dict):
+            os._exit(0)
+        reply = server.serve(request)
+        with server.peer.lock:
+            if not pipe.send(reply):
+                os._exit(0)
