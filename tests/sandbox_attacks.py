@@ -188,12 +188,14 @@ def attacks(t: dict) -> dict[str, tuple[str, list[str]]]:
                     pass
             def f():
                 return wrote""", ["assert f() >= 1"]),
+        # the sandbox's own /dev/shm is writable (multiprocessing's semaphores); the host's must stay as it was
+        # (the caller compares it), and nothing else outside /work may be written
         "write_dev_shm": ("""
             wrote = False
             for path in ("/dev/shm/rlvr-escaped", "/dev/rlvr-escaped", "/rlvr-escaped", "/tmp/rlvr-escaped"):
                 try:
                     open(path, "w").write("x")
-                    wrote = True
+                    wrote = wrote or not path.startswith("/dev/shm/")
                 except OSError:
                     pass
             def f():
@@ -388,9 +390,9 @@ def judge_attacks() -> dict[str, tuple]:
 def run(t: dict, limits=None) -> dict:
     """Grade every attack at once; name -> {"passed", "honest", "tests", "status", "error", "compare_seconds"}
     and the batch's seconds (compare_seconds: this process's time to compare the values with the tests)."""
-    from rlvr.grading.code import parse_tests, passed
+    from rlvr.grading.code import parse_tests
     from rlvr.sandbox import run_programs
-    from rlvr.sandbox.records import Job, SandboxLimits
+    from rlvr.sandbox.records import SandboxLimits
     from rlvr.tasks.code import code_answer
 
     limits = limits or SandboxLimits(timeout=4, cpu_seconds=2, memory_mb=256, file_mb=8, processes=16, output_kb=256)
@@ -399,14 +401,14 @@ def run(t: dict, limits=None) -> dict:
     names = list(table)
     truths = [parse_tests(code_answer(table[n][1], table[n][2])) for n in names]
     start = time.perf_counter()
-    results = run_programs([Job(textwrap.dedent(table[n][0]).strip() + "\n", tests.checks)
-                            for n, tests in zip(names, truths)], limits)
+    results = run_programs([tests.job(textwrap.dedent(table[n][0]).strip() + "\n") for n, tests in zip(names, truths)],
+                           limits, checks=[tests.count for tests in truths])
     seconds = time.perf_counter() - start
     out = {}
     for n, tests, r in zip(names, truths, results):
         clock = time.process_time()
-        verdicts = passed(tests, r.values)
-        out[n] = {"passed": sum(verdicts) if r.status == "ok" else 0, "honest": table[n][3], "tests": len(tests.checks),
+        verdicts = r.passed()
+        out[n] = {"passed": sum(verdicts) if r.status == "ok" else 0, "honest": table[n][3], "tests": len(verdicts),
                   "status": r.status, "error": r.error, "values": [v if v is None or len(v) < 200 else v[:200] + "..."
                                                                     for v in r.values],
                   "compare_seconds": time.process_time() - clock}

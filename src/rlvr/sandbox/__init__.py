@@ -69,7 +69,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 from rlvr.sandbox import cgroups, launch, running
-from rlvr.sandbox.inside import wire
+from rlvr.sandbox.inside import codec, wire
 from rlvr.sandbox.launch import Unavailable as SandboxUnavailable
 from rlvr.sandbox.records import (
     ISOLATIONS,
@@ -252,7 +252,7 @@ def read_value(text: str):
     import json
 
     try:
-        return wire.Codec("h", None).decode(json.loads(text), wire.Memo())
+        return codec.Codec("h", None).decode(json.loads(text), wire.Memo())
     except (wire.Malformed, ValueError, TypeError, RecursionError) as err:
         raise ValueError(f"not a value: {err}") from None
 

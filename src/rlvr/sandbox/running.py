@@ -202,7 +202,10 @@ class Meter:
 
     def _files(self) -> int:
         size = int(self.limits.file_mb)
-        return files_in(self.judge_pid, "/work", 2 * size) + files_in(self.judge_pid, "/dev/shm", size)
+        try:
+            return files_in(self.judge_pid, "/work", 2 * size) + files_in(self.judge_pid, "/dev/shm", size)
+        except OSError:  # the judge has just ended
+            return 0
 
 
 def _watch(done: threading.Thread, limits: SandboxLimits, meter: Meter) -> str | None:

@@ -21,7 +21,7 @@ import signal
 import sys
 import types
 
-from . import wire
+from . import codec, decode, wire
 
 ITEMS_CAP = 1_000_000  # items one iterator of the program's may give the judge
 _NEVER_ATTRS = frozenset({"gi_frame", "gi_code", "gi_yieldfrom", "cr_frame", "cr_code", "cr_await", "cr_origin",
@@ -146,7 +146,7 @@ class ProgramModule(types.ModuleType):
 class Judge:
     def __init__(self, pipe: wire.Pipe, child: int):
         self.child, self.killed, self.module_n = child, False, 0
-        self.codec = wire.Codec("j", lambda n, kind, flags: Remote(self, n, kind, flags), _refuse)
+        self.codec = codec.Codec("j", lambda n, kind, flags: Remote(self, n, kind, flags), _refuse)
         self.peer = wire.Peer(pipe, self.serve, self._failed)
         self.uncrossable: list[str] = []  # what could not cross, named in the verdict
         self.patches = None  # rlvr's patch tracker (harness), synced before each request once dirty
@@ -243,10 +243,10 @@ class Judge:
 
     def _serve(self, request: dict, memo: wire.Memo):
         op = request.get("op")
-        decode = self.codec.decode
+        read = self.codec.decode
         if op == "input":
             self.echo(request)
-            return builtins.input(decode(request.get("prompt"), memo))
+            return builtins.input(read(request.get("prompt"), memo))
         if op == "stdin":
             method, size = request.get("m"), request.get("size", -1)
             if method not in ("read", "readline", "readlines") or type(size) is not int:
@@ -257,8 +257,8 @@ class Judge:
             raise TypeError("no such object of the tests'")
         target = self.codec.exported[n]
         if op == "call":
-            args = [decode(a, memo) for a in request.get("a", [])]
-            kwargs = {str(k): decode(v, memo) for k, v in dict(request.get("k", {})).items()}
+            args = [read(a, memo) for a in request.get("a", [])]
+            kwargs = {str(k): read(v, memo) for k, v in dict(request.get("k", {})).items()}
             self.codec.note_states(memo)
             return target(*args, **kwargs)
         if op in ("getattr", "setattr", "delattr"):
@@ -268,20 +268,20 @@ class Judge:
             if op == "getattr":
                 return getattr(target, name)
             if op == "setattr":
-                return setattr(target, name, decode(request["value"]["n"], memo))
+                return setattr(target, name, read(request["value"]["n"], memo))
             return delattr(target, name)
         if op == "getitem":
-            return target[decode(request["key"]["n"], memo)]
+            return target[read(request["key"]["n"], memo)]
         if op == "setitem":
-            target[decode(request["key"]["n"], memo)] = decode(request["value"]["n"], memo)
+            target[read(request["key"]["n"], memo)] = read(request["value"]["n"], memo)
             return None
         if op == "delitem":
-            del target[decode(request["key"]["n"], memo)]
+            del target[read(request["key"]["n"], memo)]
             return None
         if op == "eq":
-            return bool(target == decode(request["other"]["n"], memo))
+            return bool(target == read(request["other"]["n"], memo))
         if op == "contains":
-            return bool(decode(request["item"]["n"], memo) in target)
+            return bool(read(request["item"]["n"], memo) in target)
         simple = {"len": len, "iter": iter, "next": next, "bool": bool, "str": str, "repr": repr, "hash": hash}
         if op in simple:
             return simple[op](target)
@@ -314,7 +314,7 @@ def program_module(judge: Judge, loaded: dict, module: str) -> tuple[ProgramModu
             continue
         if kind == "module":
             wanted = str(node)
-            if wanted.split(".")[0] not in sys.stdlib_module_names or wanted.split(".")[0] in wire.NO_IMPORT:
+            if wanted.split(".")[0] not in sys.stdlib_module_names or wanted.split(".")[0] in decode.NO_IMPORT:
                 continue
             try:
                 __import__(wanted)
@@ -351,7 +351,7 @@ def bind(namespace: dict, solution: ProgramModule, program: dict, module: str, e
             if name not in asked:
                 solution.__dict__.pop(name, None)
     for name in modules:
-        if name.split(".")[0] in sys.stdlib_module_names and name not in wire.NO_IMPORT:
+        if name.split(".")[0] in sys.stdlib_module_names and name not in decode.NO_IMPORT:
             try:
                 namespace[name] = __import__(name)
             except BaseException:

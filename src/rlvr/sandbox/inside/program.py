@@ -17,9 +17,8 @@ import signal
 import sys
 import types
 
-from . import wire
+from . import codec, scripts, wire
 
-SCRIPT_NAME = "solution.py"
 
 
 class JudgeObject:
@@ -179,7 +178,7 @@ class Server:
 
     def __init__(self, pipe: wire.Pipe, limits: dict):
         self.pid = os.getpid()
-        self.codec = wire.Codec("p", JudgeObject)
+        self.codec = codec.Codec("p", JudgeObject)
         self.peer = wire.Peer(pipe, self.serve)
         cap = int(limits.get("output_kb", 1024)) * 1024
         self.out, self.err = Forward(1, cap), Forward(2, cap)
@@ -251,7 +250,7 @@ class Server:
     def _serve(self, request: dict) -> dict:
         op, memo = request.get("op"), wire.Memo()
         if op == "script":
-            ran = run_script(self.code, str(request.get("stdin", "")), int(request.get("cap", 1 << 20)))
+            ran = scripts.run_script(self.code, str(request.get("stdin", "")), int(request.get("cap", 1 << 20)))
             return {"v": self.codec.encode(ran, memo)}
         if op == "sync":
             self.sync(request.get("patches") or [])
@@ -268,10 +267,10 @@ class Server:
         if type(n) is not int or not 0 < n < len(self.codec.exported):
             raise TypeError("no such object")
         target = self.codec.exported[n]
-        decode = self.codec.decode
+        read = self.codec.decode
         if op == "call":
-            args = [decode(a, memo) for a in request.get("a", [])]
-            kwargs = {str(k): decode(v, memo) for k, v in dict(request.get("k", {})).items()}
+            args = [read(a, memo) for a in request.get("a", [])]
+            kwargs = {str(k): read(v, memo) for k, v in dict(request.get("k", {})).items()}
             self.codec.note_states(memo)
             value = target(*args, **kwargs)
             changes = self.codec.changes(memo)
@@ -279,18 +278,18 @@ class Server:
         if op == "getattr":
             return {"v": self.codec.encode(getattr(target, str(request["name"])), memo)}
         if op == "setattr":
-            setattr(target, str(request["name"]), decode(request["value"]["n"], memo))
+            setattr(target, str(request["name"]), read(request["value"]["n"], memo))
             return {"v": None}
         if op == "delattr":
             delattr(target, str(request["name"]))
             return {"v": None}
         if op == "getitem":
-            return {"v": self.codec.encode(target[decode(request["key"]["n"], memo)], memo)}
+            return {"v": self.codec.encode(target[read(request["key"]["n"], memo)], memo)}
         if op == "setitem":
-            target[decode(request["key"]["n"], memo)] = decode(request["value"]["n"], memo)
+            target[read(request["key"]["n"], memo)] = read(request["value"]["n"], memo)
             return {"v": None}
         if op == "delitem":
-            del target[decode(request["key"]["n"], memo)]
+            del target[read(request["key"]["n"], memo)]
             return {"v": None}
         simple = {"len": len, "iter": iter, "next": next, "str": str, "repr": repr, "int": int, "float": float,
                   "index": _index, "bool": bool}
@@ -324,13 +323,13 @@ class Server:
 
     def load(self, job: dict) -> dict:
         try:
-            self.code = compile(job["program"], SCRIPT_NAME, "exec")
+            self.code = compile(job["program"], scripts.SCRIPT_NAME, "exec")
         except BaseException as err:  # SyntaxError, or a MemoryError from a huge program
             return {"load": "syntax_error", "error": type(err).__name__}
         if job.get("runner") == "stdio":
             return {"load": "ok", "names": []}
         module = types.ModuleType(job["module"])
-        module.__file__ = SCRIPT_NAME
+        module.__file__ = scripts.SCRIPT_NAME
         sys.modules[job["module"]] = module
         try:
             exec(self.code, module.__dict__)
@@ -357,82 +356,6 @@ _server: Server = None  # type: ignore[assignment]
 
 def _index(value):
     return value.__index__()
-
-
-def run_script(code, stdin: str, cap: int) -> list:
-    """Run the program as a script on `stdin` in a fresh child: [stdout (at most `cap` bytes, decoded), exit
-    status, signal or 0, whether stdout was cut]."""
-    stdin_fd = os.open("/work" if os.path.isdir("/work") else ".", os.O_TMPFILE | os.O_RDWR, 0o600)
-    data = stdin.encode("utf-8", "surrogateescape")
-    while data:
-        data = data[os.write(stdin_fd, data):]
-    os.lseek(stdin_fd, 0, os.SEEK_SET)
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        status = 1
-        try:
-            os.dup2(stdin_fd, 0)
-            os.dup2(write_fd, 1)
-            for fd in (stdin_fd, read_fd, write_fd):
-                os.close(fd)
-            status = _script_child(code)
-        finally:
-            os._exit(status)
-    os.close(write_fd)
-    os.close(stdin_fd)
-    chunks, size, cut = [], 0, False
-    while True:
-        try:
-            chunk = os.read(read_fd, 1 << 16)
-        except OSError:
-            break
-        if not chunk:
-            break
-        if size + len(chunk) > cap:
-            chunks.append(chunk[: cap - size])
-            cut = True
-            os.kill(pid, signal.SIGKILL)
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    os.close(read_fd)
-    _, status = os.waitpid(pid, 0)
-    signaled = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
-    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
-    return [b"".join(chunks).decode("utf-8", "replace"), code, signaled, cut]
-
-
-_REAL_INPUT = builtins.input
-
-
-def _script_child(code) -> int:
-    """In the child: the program as `python solution.py < input`; its exit status."""
-    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8")
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", write_through=True)
-    builtins.input = _REAL_INPUT
-    sys.argv = [SCRIPT_NAME]
-    main = types.ModuleType("__main__")
-    main.__file__ = SCRIPT_NAME
-    sys.modules["__main__"] = main
-    status = 0
-    try:
-        exec(code, main.__dict__)
-    except SystemExit as exit_:
-        status = exit_.code if type(exit_.code) is int else 0 if exit_.code is None else 1
-        if exit_.code is not None and type(exit_.code) is not int:
-            print(exit_.code, file=sys.stderr)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        status = 1
-    try:
-        sys.stdout.flush()
-    except BaseException:
-        status = status or 120
-    return status
 
 
 def limit(limits: dict):

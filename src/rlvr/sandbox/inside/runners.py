@@ -18,7 +18,7 @@ import sys
 import types
 
 from . import judge as judging
-from . import wire
+from . import codec, wire
 
 TEST_MODULE = "test_solution"
 OK = frozenset({"passed", "skipped", "xfailed", "xpassed"})
@@ -55,7 +55,7 @@ def data_text(value) -> str | None:
     import json
 
     try:
-        return json.dumps(wire.Codec("h", None, lambda obj: "not data").encode(value, wire.Memo()))
+        return json.dumps(codec.Codec("h", None, lambda obj: "not data").encode(value, wire.Memo()))
     except (wire.Uncrossable, ValueError, TypeError, RecursionError):
         return None
 
