@@ -298,25 +298,25 @@ def leftovers(s: dict) -> dict:
     behind; then, at once, list what is left: any process below this one (a zombie child included), and any
     process of a sandbox uid this grader holds (root)."""
     from rlvr.sandbox import Check, Job, configure, run_programs
-    from rlvr.sandbox.processes import held_uids
+    from rlvr.sandbox.uids import held_uids, holder_pids
 
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     configure("bwrap", workers=s["workers"], limits=_limits(s))
     table = {**neighbour_attacks(), "sleeper": "import time\ntime.sleep(60)"}
     results = run_programs([Job(_dedent(p), (Check("1"),)) for p in table.values()])
-    uids, parents, by_uid = set(held_uids()), {}, []
+    uids, parents, by_uid, holders = set(held_uids()), {}, [], set(holder_pids())
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
                 data = open(f"/proc/{entry.name}/stat", "rb").read()
                 fields = data[data.rindex(b")") + 2:].split()
                 parents[int(entry.name)] = (int(fields[1]), fields[0].decode())
-                if entry.stat().st_uid in uids:
+                if entry.stat().st_uid in uids and int(entry.name) not in holders:  # a holder is its uid's, by design
                     by_uid.append(int(entry.name))
             except (OSError, ValueError):
                 pass
     below = []
-    for pid in parents:
+    for pid in set(parents) - holders:  # the uids' holders are this grader's children by design
         up = pid
         while up in parents and up > 1:
             up = parents[up][0]
@@ -347,7 +347,7 @@ def refused(s: dict) -> dict:
 
 def uids(s: dict) -> dict:
     """Hold `n` sandbox uids for a moment, as a grader running that many sandboxes does."""
-    from rlvr.sandbox.processes import take_uid
+    from rlvr.sandbox.uids import take_uid
 
     held = [take_uid() for _ in range(s["n"])]
     open(s["ready"], "w").close()

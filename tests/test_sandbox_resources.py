@@ -23,6 +23,8 @@ import pytest
 
 import sandbox_resource_attacks as attacks
 from rlvr.sandbox import cgroups
+from rlvr.sandbox.uids import holder_pids
+from sandbox_site import readable_site
 from rlvr.sandbox.records import SandboxLimits, sandbox_memory_mb
 
 NOBODY = 65534
@@ -33,7 +35,10 @@ USERS = ["root", "nobody"] if ROOT else ["user"]
 # small sandboxes, so that the budget is small against what the attacks try to hold (2 GB each)
 LIMITS = {"timeout": 6, "cpu_seconds": 1.5, "memory_mb": 96, "file_mb": 8, "processes": 4, "output_kb": 64}
 WORKERS = 4
-GRADER_MB = 200  # the grader process itself (Python and rlvr's sandbox modules) and the page cache it touches
+GRADER_MB = 200
+# without cgroups, a sandbox of more processes than its limit is stopped as "memory" (only a cgroup would bound
+# their memory), a fork bomb or setsid() spinners among them
+STOPPED_WITHOUT_CGROUPS = {"timeout", "memory"}  # the grader process itself (Python and rlvr's sandbox modules) and the page cache it touches
 _names = itertools.count()
 
 
@@ -94,17 +99,8 @@ def _skip_reason(user: str) -> str | None:
 
 
 def _readable_copy(tmp: Path) -> tuple[Path, Path]:
-    """(PYTHONPATH dir, attack script) copied into `tmp`, which uid 65534 can read: a checkout under /root (0700)
-    cannot be read by it, and neither can the venv's pyseccomp; test_sandbox.py copies alike."""
-    where = tmp / "site"
-    if not where.is_dir():
-        import pyseccomp
-
-        shutil.copytree(SRC / "rlvr", where / "rlvr", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "data"))
-        shutil.copy(pyseccomp.__file__, where)
-        shutil.copy(attacks.__file__, where)
-        for path in [where, *where.rglob("*")]:
-            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    """(PYTHONPATH dir, attack script) copied into `tmp`, which uid 65534 can read (tests/sandbox_site.py)."""
+    where = readable_site(tmp / "site", (Path(attacks.__file__),))
     return where, where / Path(attacks.__file__).name
 
 
@@ -176,7 +172,7 @@ def test_memory_no_rlimit_counts_stays_within_the_documented_budget(user, tmp_pa
     for name in ("sysv_shared_memory", "sysv_shared_memory_2", "sysv_message_queues", "posix_message_queues",
                  "memfd_files", "loopback_socket_buffers", "posix_timers"):
         assert report["attacks"][name]["held"] == "0", (name, report["attacks"][name])
-    assert int(report["attacks"]["tmpfs_files"]["held"]) <= 2 * LIMITS["file_mb"]
+    assert int(report["attacks"]["tmpfs_files"]["held"]) <= 3 * LIMITS["file_mb"]  # /work and /dev/shm
     assert report["attacks"]["tmpfs_inodes"]["status"] == "memory"  # past one file per KB of its tmpfs
     assert int(report["attacks"]["big_pipes_in_children"]["held"]) <= 3 * 64 * 64 // 1024  # 64 KB pipes only
     expected = "cgroup v" if user == "root" and cgroups.in_force() else "no cgroups"  # v1 here and in CI
@@ -208,7 +204,7 @@ def test_a_verdict_does_not_depend_on_what_runs_beside_it(user, tmp_path):
         assert all(r["status"] == "ok" and r["value"] == want for r in honest.values()), report
     statuses = {n: r["status"] for n, r in attacked["results"].items() if not n.startswith("honest")}
     assert set(statuses) == {"fork_bomb", "setsid_spinners", "setsid_spinners_2", "spinning_threads"}
-    assert set(statuses.values()) == {"timeout"}
+    assert set(statuses.values()) == {"timeout"} or (user != "root" and set(statuses.values()) <= STOPPED_WITHOUT_CGROUPS)
 
 
 def test_sandbox_uids_are_unique_across_grader_processes(tmp_path):
@@ -230,7 +226,8 @@ def test_nothing_a_timed_out_sandbox_left_outlives_it(user, tmp_path):
     moment grading returns, no process is left below it (no zombie child either) and none runs as a sandbox
     uid it holds: a uid returns to the pool only with its processes gone."""
     report, _ = run(user, "leftovers", {"limits": {**LIMITS, "timeout": 3}, "workers": WORKERS}, tmp_path)
-    assert set(report["statuses"].values()) == {"timeout"}, report
+    assert set(report["statuses"].values()) == {"timeout"} or (
+        user != "root" and set(report["statuses"].values()) <= STOPPED_WITHOUT_CGROUPS), report
     assert report["below"] == [] and report["sandbox_uid_processes"] == [], report
     assert len(report["uids"]) == (WORKERS if user == "root" else 0)
 
@@ -238,7 +235,8 @@ def test_nothing_a_timed_out_sandbox_left_outlives_it(user, tmp_path):
 NOOP_BWRAP = """#!/usr/bin/env python3
 # bubblewrap's interface without its isolation: the fds it is given are honoured, nothing else is
 import json, os, sys, tempfile
-args, i, block, info, keep = sys.argv[1:], 0, None, None, {}
+args, i, block, info = sys.argv[1:], 0, None, None
+home = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(__file__)))
 while i < len(args) and args[i].startswith("--"):
     name = args[i]
     takes = {"--info-fd": 1, "--block-fd": 1, "--seccomp": 1, "--ro-bind-data": 2, "--ro-bind": 2, "--bind": 2,
@@ -246,15 +244,14 @@ while i < len(args) and args[i].startswith("--"):
              "--proc": 1, "--dev": 1, "--remount-ro": 1, "--chdir": 1, "--hostname": 1, "--cap-add": 1,
              "--cap-drop": 1}.get(name, 0)
     values = args[i + 1:i + 1 + takes]
-    if name == "--ro-bind-data":
-        fd, path = tempfile.mkstemp(suffix=".py", dir=os.path.dirname(os.path.abspath(__file__)))
-        with os.fdopen(fd, "wb") as f:
-            f.write(os.read(int(values[0]), 1 << 22))
-        keep[values[1]] = path
+    if name == "--ro-bind" and values[1].startswith("/rlvr/"):  # the harness's package, the sandbox's packages
+        where = os.path.join(home, values[1][len("/rlvr/"):])
+        os.makedirs(os.path.dirname(where), exist_ok=True)
+        os.symlink(values[0], where)
     info = int(values[0]) if name == "--info-fd" else info
     block = int(values[0]) if name == "--block-fd" else block
     i += 1 + takes
-command = [keep.get(a, a) for a in args[i:]]
+command = [a.replace("'/rlvr", repr(home)[:-1]) for a in args[i:]]
 pid = os.fork()
 if pid == 0:
     os.read(block, 1)
@@ -294,7 +291,8 @@ def test_the_configs_timeout_is_cpu_time_with_a_wall_cap_and_the_log_says_what_b
         limits = sandbox.settings().limits
         assert (limits.cpu_seconds, limits.timeout) == (2, 6)
         line = next(r.getMessage() for r in caplog.records if "bounded by" in r.getMessage())
-        assert "2 s of CPU each (all its processes together; a wall-clock cap of 6 s)" in line
+        assert ("2 s of CPU each (all its processes together; 2 s of waiting; a wall-clock cap of 6 s while not "
+                "starved)") in line
         assert ("bounded by cgroup v" if cgroups.in_force() else "bounded by no cgroups") in line
     finally:
         sandbox._settings = saved
@@ -338,7 +336,8 @@ def test_a_cgroup_v2_hierarchy_is_used_as_v1_is(tmp_path, monkeypatch):
 
 def test_a_sandbox_its_cgroup_cannot_take_never_runs(monkeypatch):
     """Fail closed: where cgroups are in force and the judge cannot be put in its group, the program never
-    starts (it would run without its bounds); the sandbox is stopped, nothing of it is left."""
+    starts (it would run without its bounds); the sandbox is stopped, nothing of it is left, and grading stops
+    with the reason (SandboxError): the program is not scored 0 for rlvr's failure."""
     if not cgroups.in_force():
         pytest.skip("cgroups are not in force here")
     import rlvr.sandbox as sandbox
@@ -353,10 +352,10 @@ def test_a_sandbox_its_cgroup_cannot_take_never_runs(monkeypatch):
     before = set(_children())
     monkeypatch.setattr(cgroups.Group, "add", refuse)
     marker = f"/tmp/rlvr-ran-{os.getpid()}"
-    result = sandbox.run_program(Job(f"open({marker!r}, 'w').close()\ndef f():\n    return 1\n", (Check("f()"),)))
-    assert result.status == "crashed" and "could not put the sandbox in its cgroup" in result.error
-    assert result.values == [None] and not os.path.exists(marker)  # /tmp is not the sandbox's: a second guard
-    assert not set(_children()) - before  # bubblewrap reaped, and its judge by it
+    with pytest.raises(sandbox.SandboxError, match=r"could not put the sandbox in its cgroup \(\[Errno 28\]"):
+        sandbox.run_program(Job(f"open({marker!r}, 'w').close()\ndef f():\n    return 1\n", (Check("f()"),)))
+    assert not os.path.exists(marker)  # /tmp is not the sandbox's: a second guard
+    assert not set(_children()) - before - set(holder_pids())  # bubblewrap reaped, and its judge by it
 
 
 def _children() -> list[int]:

@@ -59,11 +59,13 @@ class CodeFeedbackEnv(Environment):
         if ok and all(ok):
             return None
         i = ok.index(False) if False in ok else 0
-        error, reason = result.errors[i] if i < len(result.errors) else None, result.reasons[i] if i < len(
-            result.reasons) else ""
-        said = f"raised {error}" + (f" ({_short(reason)})" if reason else "") if error and error != "AssertionError" \
-            else _short(reason) if reason else "failed"
-        return f"A test failed: {_short(tests.label(i))}: {said}."
+        error = result.errors[i] if i < len(result.errors) else None
+        reason = result.reasons[i] if i < len(result.reasons) else ""
+        if tests.runner != "script":  # pytest's and unittest's reasons name the test
+            return f"A test failed: {_short(reason or tests.label(i))}."
+        if error and error != "AssertionError":
+            return f"A test failed: {_short(tests.label(i))} raised {error}{': ' + _short(reason) if reason else ''}."
+        return f"A test failed: {_short(reason or tests.label(i))}."
 
     def step(self, text: str, ids: list[int]) -> Observation:
         message = self.feedback(extract_code(text)[1])

@@ -4,12 +4,13 @@ The ground truth is `{"entry_point": ..., "tests": [<Python source>, ...]}` (`rl
 `{"stdio": [[stdin, stdout], ...], "compare": ...}` for a program that reads its input and prints its answer
 (`rlvr.tasks.code.stdio_answer`). Its sources are one test file; the runner is chosen from what it holds:
 
-* "pytest" (run by pytest itself in the judge, `rlvr.sandbox.inside.pytest_runner`): a file that imports
-  pytest or defines `test*` functions or `Test*` classes: KodCode's rows, fixtures, parametrize, marks, xunit
-  setup and teardown at every level, classes; also a file that mixes those with unittest TestCases.
+* "pytest" (run by pytest itself in the judge, `rlvr.sandbox.inside.pytest_runner`): a file that defines
+  `test*` functions or `Test*` classes: KodCode's rows, fixtures, parametrize, marks, xunit setup and teardown
+  at every level, classes; also a file that mixes those with unittest TestCases.
 * "unittest" (unittest's own loader and suite): a file whose tests are TestCases only, trailer
   `unittest.main()` or not.
-* "script" (`rlvr.grading.code_script`): asserts and statements, HumanEval's `check(candidate)`.
+* "script" (`rlvr.grading.code_script`): asserts and statements, HumanEval's `check(candidate)` (pytest's
+  helpers, `pytest.approx`, may be used in them).
 * "stdio": the program run as a script on each input, its output compared by `compare`: "exact" (the same
   text), "whitespace" (the default: the same whitespace-separated tokens) or "float" (those tokens, numbers
   equal within 1e-6 absolute or relative to the expected).
@@ -24,8 +25,8 @@ without importing it (MBPP tests that call `math.isclose` on the solution's impo
 the program bound to that name).
 
 Refused here, with the reason (`CodeTestsError`; a data set is refused when it loads): no test at all; a
-function holding asserts that nothing calls; a test that is a coroutine or a generator (pytest fails it for
-every program); an import of anything but the standard library, the program's module (`solution`) and the
+function holding asserts that nothing calls; a test that is a coroutine or a generator, or in a class with an
+`__init__` (pytest fails or skips it for every program); an import of anything but the standard library, the program's module (`solution`) and the
 packages a sandbox gets (pytest, numpy where the grader has it); a relative import.
 """
 
@@ -130,7 +131,7 @@ def _imports(tree: ast.Module) -> set[str]:
     return found
 
 
-def _runner(trees: list[ast.Module], imported: set[str]) -> str:
+def _runner(trees: list[ast.Module]) -> str:
     tests = cases = False
     for tree in trees:
         for node in tree.body:
@@ -143,7 +144,7 @@ def _runner(trees: list[ast.Module], imported: set[str]) -> str:
                     cases = True
                 elif node.name.startswith("Test"):
                     tests = True
-    if "pytest" in imported or tests:
+    if tests:
         return "pytest"
     return "unittest" if cases else "script"
 
@@ -157,6 +158,12 @@ def _refuse_unrunnable(tree: ast.Module):
             elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
                 yield from tests_in(node.body, node.name + ".")
 
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name.startswith("Test") and any(
+                isinstance(m, ast.FunctionDef) and m.name == "__init__" for m in node.body) and not any(
+                "TestCase" in ast.unparse(b) for b in node.bases):
+            raise CodeTestsError(f"the tests in {node.name} never run: pytest does not collect a class with an "
+                                 "__init__")
     for name, fn in tests_in(tree.body):
         if any(isinstance(d, (ast.Name, ast.Attribute, ast.Call)) and "fixture" in ast.unparse(d) for d in fn.decorator_list):
             continue
@@ -222,14 +229,14 @@ def parse_tests(ground_truth: str) -> CodeTests:
     if not isinstance(sources, list) or not sources:
         raise CodeTestsError(f"a code ground truth needs a non-empty 'tests' list: {str(ground_truth)[:80]!r}")
     sources = [str(source) for source in sources]
-    trees, bound, read, asked, imported = [], set(), set(), set(), set()
+    trees, bound, read, asked = [], set(), set(), set()
     for source in sources:
         try:
             tree = ast.parse(source)
         except (SyntaxError, ValueError, MemoryError, RecursionError) as err:
             raise CodeTestsError(f"a test is not valid Python ({getattr(err, 'msg', err)}): {source[:80]!r}") from None
         try:
-            imported |= _imports(tree)
+            _imports(tree)
             _refuse_unrunnable(tree)
         except CodeTestsError as err:
             raise CodeTestsError(f"{err}: {source[:80]!r}") from None
@@ -245,7 +252,7 @@ def parse_tests(ground_truth: str) -> CodeTests:
     bind = {"entry_point": entry, "modules": modules, "test_names": sorted(bound), "asked": sorted(asked & bound)}
     text = "\n".join(sources)
     patches = any(word in text for word in _MOCKS)
-    runner = _runner(trees, imported)
+    runner = _runner(trees)
     if runner != "script":
         return CodeTests(runner, source="\n\n".join(sources), entry_point=entry, bind=tuple(bind.items()),
                          patches=patches, count=_estimate(trees) if runner == "pytest" else _count_cases(trees))

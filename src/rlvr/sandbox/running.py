@@ -171,6 +171,9 @@ class Meter:
         else:
             pids, total = self.clock.read()
             tids = tasks_of(pids)
+            if len(pids) > self.limits.processes:  # threads aside, as a cgroup's memory limit would bound them
+                self.why = f"more than {self.limits.processes} processes (only a cgroup would bound their memory)"
+                return "memory"
         judge = own_cpu_seconds(self.judge_pid)
         if total - judge > self.limits.cpu_seconds:
             self.why = "cpu time limit"

@@ -97,6 +97,12 @@ def held_uids() -> list[int]:
         return sorted(_holders)
 
 
+def holder_pids() -> list[int]:
+    """The holders' pids (processes of the held uids, children of this process, by design)."""
+    with _lock:
+        return sorted(holder.pid for holder in _holders.values())
+
+
 def give_uid(uid: int, clean: bool = True):
     """Back to the pool once none of its processes is left; `clean=False` (some might be): let it go, so that
     anyone takes it again only once the kernel counts none of its processes."""

@@ -17,9 +17,10 @@ import types
 from .runners import OK, TEST_MODULE, Report
 
 STUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{TEST_MODULE}.py")
-ARGS = ["-p", "no:cacheprovider", "--noconftest", "--import-mode=importlib", "-p", "no:terminal",
-        *[arg for name in ("doctest", "junitxml", "pastebin", "debugging", "setuponly", "setupplan", "stepwise",
-                           "faulthandler") for arg in ("-p", f"no:{name}")]]
+# no cache (nothing written), no terminal output, no conftest; the plugins that only report elsewhere are off (the
+# others stay: unittest's support reads debugging's options)
+ARGS = ["--noconftest", "--import-mode=importlib",
+        *[arg for name in ("cacheprovider", "terminal", "doctest", "junitxml", "pastebin") for arg in ("-p", f"no:{name}")]]
 
 
 def run_pytest(job: dict, namespace: dict, report: Report):
@@ -77,8 +78,12 @@ def run_pytest(job: dict, namespace: dict, report: Report):
                 return
             held = self.outcomes.get(report.nodeid)
             if held is None or held[0] in OK:  # a failure stays
-                error = getattr(report, "rlvr_error", None) if outcome not in OK else None
-                self.outcomes[report.nodeid] = (outcome, error, _last_line(report.longreprtext) if error else "")
+                reason = ""
+                if outcome not in OK:
+                    crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", None)
+                    text = " ".join(str(crash).split()) if crash else _last_line(report.longreprtext)
+                    reason = f"{report.nodeid.split('::', 1)[-1]}: {text}"[:300]
+                self.outcomes[report.nodeid] = (outcome, getattr(report, "rlvr_error", None), reason)
 
     collect = Collect()
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
@@ -100,8 +105,8 @@ def run_pytest(job: dict, namespace: dict, report: Report):
     report.count(len(items))
     failed = False
     for i, nodeid in enumerate(items):
-        outcome, error, reason = collect.outcomes.get(nodeid, ("error", None, "never ran"))
-        report.check(i, outcome, f"{error}: {reason}" if error else reason or None)
+        outcome, error, reason = collect.outcomes.get(nodeid, ("error", None, f"{nodeid}: never ran"))
+        report.check(i, outcome, reason or None, error=error)
         failed = failed or outcome not in OK
     if status != 0 and not failed:
         report.count(len(items) + 1)

@@ -31,17 +31,20 @@ class Report:
     def count(self, n: int):
         self.pipe.send({"count": n})
 
-    def check(self, i: int, outcome: str, error: BaseException | str | None = None, value=None):
-        """One check's outcome; `error` an exception (its class and message) or a reason in words."""
+    def check(self, i: int, outcome: str, why: BaseException | str | None = None, value=None, error=None):
+        """One check's outcome; `why` an exception (its class and message) or a reason in words (`error`: the
+        class of the exception behind it)."""
         record = {"check": i, "outcome": outcome}
-        if isinstance(error, BaseException):
-            record["error"] = type(error).__name__
+        if isinstance(why, BaseException):
+            record["error"] = type(why).__name__
             try:
-                text = str(error)
+                text = str(why)
             except BaseException:
                 text = ""
         else:
-            text = "" if error is None else str(error)
+            text = "" if why is None else str(why)
+            if error:
+                record["error"] = str(error)
         if text:
             record["reason"] = " ".join(text.split())[:300]
         if value is not None:
@@ -93,7 +96,7 @@ def run_script(job: dict, namespace: dict, report: Report):
                 report.check(i, "passed", value=text) if text is not None else report.check(i, "error", "unserializable")
             else:  # "true": the assert's own rule, truthiness, on a value of the judge's
                 value = eval(compile(check["expr"], f"{TEST_MODULE}.py", "eval"), namespace)
-                report.check(i, "passed" if value else "failed", None if value else "AssertionError")
+                report.check(i, "passed") if value else report.check(i, "failed", error="AssertionError")
         except BaseException as err:  # wire.Gone too: this check and every later one fail
             report.check(i, "failed" if isinstance(err, AssertionError) else "error", err)
 
@@ -145,10 +148,10 @@ def _result_class():
         def _set(self, test, outcome, error=None):
             i = self.index.get(id(test))
             if i is None:  # a fixture's error (setUpModule, setUpClass): the run fails
-                self.session_error = self.session_error or _reason(error)
+                self.session_error = self.session_error or f"{test}: {_reason(error)}"
                 return
             if self.outcomes.get(i, ("passed",))[0] in OK:  # a failed subtest stays failed
-                self.outcomes[i] = (outcome, _reason(error))
+                self.outcomes[i] = (outcome, _reason(error) and f"{_name(test)}: {_reason(error)}")
 
         def addSuccess(self, test):
             super().addSuccess(test)
@@ -180,13 +183,18 @@ def _result_class():
                 i = self.index.get(id(test))
                 if i is not None:
                     failed = issubclass(err[0], test.failureException)
-                    self.outcomes[i] = ("failed" if failed else "error", _reason(err))
+                    self.outcomes[i] = ("failed" if failed else "error", f"{_name(test)} {subtest._subDescription()}: "
+                                                                         f"{_reason(err)}")
 
     return Result
 
 
 def _Result(index):
     return _result_class()(index)
+
+
+def _name(test) -> str:
+    return test.id().split(".", 1)[-1]
 
 
 def _reason(error):
