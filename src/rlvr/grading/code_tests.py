@@ -49,6 +49,8 @@ BIND = "__rlvr_bind__"  # the judge's binding call (rlvr.sandbox.inside.harness)
 STDLIB = frozenset(n for n in sys.stdlib_module_names if not n.startswith("_"))
 COMPARES = ("exact", "whitespace", "float")
 _MOCKS = ("mock", "monkeypatch", "patch")
+# what a test file looks at besides the program's output, by the words that look at it
+_FORWARD = {"warnings": ("warn", "recwarn"), "logging": ("caplog", "assertLogs", "assertNoLogs", "logging")}
 
 
 class CodeTestsError(ValueError):
@@ -69,10 +71,11 @@ class CodeTests:
     bind: tuple = ()  # (name, value) pairs for the judge's bind()
     patches: bool = False  # the tests may patch what the program uses (mock, monkeypatch)
     count: int = 1
+    forward: tuple = ()  # what the tests look at besides the output: "warnings", "logging"
 
     def job(self, program: str) -> Job:
         return Job(program, self.checks, MODULE, self.runner, self.source, self.cases, self.compare, self.bind,
-                   self.patches)
+                   self.patches, self.forward)
 
     def label(self, i: int) -> str:
         """What check `i` is, in the tests' terms (the reasons the judge gives name pytest's and unittest's)."""
@@ -252,17 +255,19 @@ def parse_tests(ground_truth: str) -> CodeTests:
     bind = {"entry_point": entry, "modules": modules, "test_names": sorted(bound), "asked": sorted(asked & bound)}
     text = "\n".join(sources)
     patches = any(word in text for word in _MOCKS)
+    forward = tuple(what for what, words in _FORWARD.items() if any(word in text for word in words))
     runner = _runner(trees)
     if runner != "script":
         return CodeTests(runner, source="\n\n".join(sources), entry_point=entry, bind=tuple(bind.items()),
-                         patches=patches, count=_estimate(trees) if runner == "pytest" else _count_cases(trees))
+                         patches=patches, count=_estimate(trees) if runner == "pytest" else _count_cases(trees),
+                         forward=forward)
     try:
         checks = script_checks(trees, entry)
     except ScriptError as err:
         raise CodeTestsError(f"{err}: {ground_truth[:80]!r}") from None
     prelude = f"{BIND}(" + ", ".join(f"{k}={v!r}" for k, v in bind.items()) + ")"
     checks[0] = dataclasses.replace(checks[0], setup="\n".join(filter(None, [prelude, checks[0].setup])))
-    return CodeTests("script", tuple(checks), entry_point=entry, patches=patches, count=len(checks))
+    return CodeTests("script", tuple(checks), entry_point=entry, patches=patches, count=len(checks), forward=forward)
 
 
 def _count_cases(trees: list[ast.Module]) -> int:

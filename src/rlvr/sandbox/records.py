@@ -87,7 +87,8 @@ class Job:
     run the test file `source` with that runner; "stdio" runs the program as a script on each (stdin, stdout)
     of `cases`, its output compared by `compare` (exact, whitespace, float). `bind` says which names the file
     binds itself and asks of the program (rlvr.grading.code_tests); `patches`: the tests may patch modules
-    the program uses (mock, monkeypatch), which are then carried over to the program's process."""
+    the program uses (mock, monkeypatch), which are then carried over to the program's process; `forward`:
+    what of the program's the tests look at besides its output ("warnings", "logging"), sent to the judge."""
 
     program: str
     checks: tuple[Check, ...]
@@ -98,6 +99,7 @@ class Job:
     compare: str = "whitespace"
     bind: tuple = ()  # (key, value) pairs for the judge's bind()
     patches: bool = False
+    forward: tuple = ()
 
 
 @dataclasses.dataclass

@@ -234,7 +234,7 @@ def _payload(job: Job, limits: SandboxLimits, holder: bool) -> dict:
     tasks = int(limits.processes + limits.threads) + (HOLDER_PROCESSES if holder else 0)
     return {"program": job.program, "module": job.module, "runner": job.runner, "source": job.source,
             "cases": [list(case) for case in job.cases], "compare": job.compare, "bind": dict(job.bind),
-            "patches": job.patches, "checks": [dataclasses.asdict(c) for c in job.checks],
+            "patches": job.patches, "forward": list(job.forward), "checks": [dataclasses.asdict(c) for c in job.checks],
             # the judge's own last resort (the host stops it first), far past any starved honest program
             "deadline": LAST_RESORT * limits.timeout + 5,
             # each process's own RLIMIT_CPU: a backstop under the sandbox's clock, which counts them all

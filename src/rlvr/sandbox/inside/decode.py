@@ -176,6 +176,11 @@ class Decoder:
         cls = self.exception_class_of(node[1], d)
         args = tuple(self._decode(a, memo, d, budget) for a in node[2])
         exc = cls.__new__(cls, *args)
+        if not getattr(cls, "_rlvr_rebuilt", False):  # a builtin's or standard class's own fields (SystemExit.code)
+            try:
+                cls.__init__(exc, *args)
+            except Exception:
+                pass
         try:
             exc.args = args
         except (TypeError, AttributeError):

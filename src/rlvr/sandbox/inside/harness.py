@@ -76,7 +76,8 @@ def judge_main(job: dict, results: wire.Pipe, judge: judging.Judge) -> bool:
     write = results.send
     write({"ready": True})
     runner = job.get("runner", "script")
-    request = {"program": job["program"], "module": job["module"], "limits": job["limits"], "runner": runner}
+    request = {"program": job["program"], "module": job["module"], "limits": job["limits"], "runner": runner,
+               "forward": job.get("forward", [])}
     if not judge.peer.pipe.send(request):
         write({"load": "died"})
         return False

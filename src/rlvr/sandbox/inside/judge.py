@@ -208,9 +208,9 @@ class Judge:
             self.peer.fail("a malformed reply")
         raise error
 
-    @staticmethod
-    def echo(reply: dict):
-        """What the program printed while it served a request, written where this process's prints go now."""
+    def echo(self, reply: dict):
+        """What the program printed, warned and logged while it served a request, repeated here: written where
+        this process's prints go now, warned and logged through this process's filters and handlers."""
         for key, stream in (("o", "stdout"), ("x", "stderr")):
             text = reply.get(key)
             if type(text) is str and text:
@@ -218,6 +218,22 @@ class Judge:
                     getattr(sys, stream).write(text)
                 except Exception:
                     pass
+        for entry in reply.get("wn", [])[:100] if isinstance(reply.get("wn"), list) else []:
+            try:
+                category = self.codec.exception_class_of(entry[0])
+                if issubclass(category, Warning):
+                    import warnings
+
+                    warnings.warn_explicit(str(entry[1]), category, str(entry[2]), int(entry[3]))
+            except (wire.Malformed, TypeError, ValueError, IndexError):
+                pass
+        for entry in reply.get("lg", [])[:1000] if isinstance(reply.get("lg"), list) else []:
+            try:
+                import logging
+
+                logging.getLogger(str(entry[0])).log(int(entry[1]), "%s", str(entry[2]))
+            except (TypeError, ValueError, IndexError):
+                pass
 
     # ------------------------------------------------------------------------------------ the program asking
 

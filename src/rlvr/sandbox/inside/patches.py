@@ -98,7 +98,7 @@ def install(patches: Patches):
     def after_setattr(self, *args, **kwargs):
         if self._setattr:
             target, name, old = self._setattr[-1]
-            patches.note(target, name, _MISSING if old is monkeypatch.notset else old)
+            patches.note(target, name, _MISSING if old is getattr(monkeypatch, "NOTSET", None) else old)
 
     for method in ("setattr", "delattr"):
         _wrap(monkeypatch.MonkeyPatch, method, after_setattr)

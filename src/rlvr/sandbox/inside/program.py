@@ -184,6 +184,8 @@ class Server:
         self.out, self.err = Forward(1, cap), Forward(2, cap)
         self.module = None
         self.originals: dict[tuple, object] = {}  # (module, name) -> the program's own value, before a patch
+        self.warned: list = []
+        self.logged: list = []
 
     # ----------------------------------------------------------------------------- what the program asks
 
@@ -240,12 +242,48 @@ class Server:
                 reply = {"e": self.codec.encode(err, wire.Memo())}
             except BaseException:
                 reply = {"e": ["x", ["X", "b", "RuntimeError"], ["an exception that cannot cross"], {}, ""]}
+        return self.attach(reply)
+
+    def attach(self, reply: dict) -> dict:
+        """What the program printed, warned and logged since the last reply, for the judge to repeat."""
         text, errors = self.out.take(), self.err.take()
         if text:
             reply["o"] = text
         if errors:
             reply["x"] = errors
+        if self.warned:
+            reply["wn"], self.warned = self.warned[:100], []
+        if self.logged:
+            reply["lg"], self.logged = self.logged[:1000], []
         return reply
+
+    def forward(self, what: list):
+        """Warnings and log records go to the judge, whose filters and handlers (pytest.warns, caplog,
+        assertLogs) decide what becomes of them: here every one is kept."""
+        if "warnings" in what:
+            import warnings
+
+            def show(message, category, filename, lineno, file=None, line=None):
+                try:
+                    self.warned.append([self.codec.exception_class(category), str(message)[:2000], str(filename)[:200],
+                                        int(lineno)])
+                except BaseException:
+                    pass
+
+            warnings.simplefilter("always")
+            warnings.showwarning = show
+        if "logging" in what:
+            import logging
+
+            server = self
+
+            class Forward(logging.Handler):
+                def emit(self, record):
+                    if os.getpid() == server.pid:
+                        server.logged.append([record.name[:200], int(record.levelno), record.getMessage()[:2000]])
+
+            logging.root.addHandler(Forward())
+            logging.root.setLevel(1)
 
     def _serve(self, request: dict) -> dict:
         op, memo = request.get("op"), wire.Memo()
@@ -379,11 +417,8 @@ def main(pipe: wire.Pipe):
     _server = server = Server(pipe, job["limits"])
     sys.stdout, sys.stderr, sys.stdin = server.out, server.err, JudgeStdin()
     builtins.input = _input
-    loaded = server.load(job)
-    for key, stream in (("o", server.out), ("x", server.err)):
-        text = stream.take()
-        if text:
-            loaded[key] = text
+    server.forward(job.get("forward") or [])
+    loaded = server.attach(server.load(job))
     pipe.send(loaded)
     if loaded["load"] != "ok":
         os._exit(0)
