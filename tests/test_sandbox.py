@@ -250,6 +250,8 @@ def test_attacks_leave_the_machine_the_run_and_rlvr_intact(attacked, user):
 def test_what_stopped_each_attack(attacked, user):
     status = {name: r["status"] for name, r in _report(attacked, user)["attacks"].items()}
     assert status["infinite_loop"] == status["never_returns_control"] == status["fork_bomb"] == "timeout"
+    # one that sleeps is stopped at its waiting bound, not at the wall clock's
+    assert _report(attacked, user)["attacks"]["never_returns_control"]["error"].startswith("waited ")
     assert status["allocate_50_gb"] == "memory" and status["print_1_gb"] == "output_limit"
     assert status["exit_before_tests"] == "load_error" and status["os_exit_before_tests"] == "crashed"
     # the judge stopped listening to a program that sent it garbage, and said so

@@ -104,8 +104,20 @@ def _readable_copy(tmp: Path) -> tuple[Path, Path]:
     return where, where / Path(attacks.__file__).name
 
 
-def grader(user: str, scenario: str, settings: dict, tmp: Path, limit_mb: int = 8192, wait: bool = True):
-    """Start `scenario` in a grader process as `user`, in a fresh measured cgroup: (Popen, Measured)."""
+# a grader as a second container on the same kernel would run it: its own /run (where sandbox uids were once
+# locked) and /tmp, the same uids
+CONTAINER = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+             'mount -t tmpfs tmpfs /run && exec "$@"', "sh"]
+# a grader that sees every cgroup file system read-only, as a Docker container does by default
+READ_ONLY_CGROUPS = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                     'for m in $(awk \'$3 ~ /^cgroup/ {print $2}\' /proc/self/mounts); do '
+                     'mount -o remount,bind,ro "$m" || exit 9; done; exec "$@"', "sh"]
+
+
+def grader(user: str, scenario: str, settings: dict, tmp: Path, limit_mb: int = 8192, wait: bool = True,
+           within: list[str] = ()):
+    """Start `scenario` in a grader process as `user`, in a fresh measured cgroup (and `within` a wrapper that
+    runs it in namespaces of its own): (Popen, Measured)."""
     tmp.mkdir(parents=True, exist_ok=True)
     os.chmod(tmp, 0o777)
     config = tmp / f"{scenario}-{next(_names)}.json"
@@ -116,6 +128,7 @@ def grader(user: str, scenario: str, settings: dict, tmp: Path, limit_mb: int = 
     argv = [python, str(script), scenario, str(config)]
     if user == "nobody":
         argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
+    argv = [*within, *argv]
     measured = Measured(limit_mb)
     env = {"PATH": settings.get("path", os.environ.get("PATH", "/usr/bin:/bin")), "HOME": str(tmp),
            "PYTHONPATH": str(site), "PYTHONDONTWRITEBYTECODE": "1"}
@@ -133,8 +146,9 @@ def finish(proc: subprocess.Popen, measured: Measured, timeout: float = 120) -> 
         measured.close()
 
 
-def run(user: str, scenario: str, settings: dict, tmp: Path, limit_mb: int = 8192) -> tuple[dict, float]:
-    return finish(*grader(user, scenario, settings, tmp, limit_mb))
+def run(user: str, scenario: str, settings: dict, tmp: Path, limit_mb: int = 8192, within: list[str] = ()
+        ) -> tuple[dict, float]:
+    return finish(*grader(user, scenario, settings, tmp, limit_mb, within=within))
 
 
 @pytest.fixture(params=USERS)
@@ -170,7 +184,7 @@ def test_memory_no_rlimit_counts_stays_within_the_documented_budget(user, tmp_pa
         assert attack["held"] is None or int(attack["held"]) < sandbox_memory_mb(SandboxLimits(**LIMITS)), name
     # the kinds of memory no process's address space counts are refused outright
     for name in ("sysv_shared_memory", "sysv_shared_memory_2", "sysv_message_queues", "posix_message_queues",
-                 "memfd_files", "loopback_socket_buffers", "posix_timers"):
+                 "memfd_files", "loopback_socket_buffers", "posix_timers", "aio_contexts", "inotify_instances"):
         assert report["attacks"][name]["held"] == "0", (name, report["attacks"][name])
     assert int(report["attacks"]["tmpfs_files"]["held"]) <= 3 * LIMITS["file_mb"]  # /work and /dev/shm
     assert report["attacks"]["tmpfs_inodes"]["status"] == "memory"  # past one file per KB of its tmpfs
@@ -205,6 +219,64 @@ def test_a_verdict_does_not_depend_on_what_runs_beside_it(user, tmp_path):
     statuses = {n: r["status"] for n, r in attacked["results"].items() if not n.startswith("honest")}
     assert set(statuses) == {"fork_bomb", "setsid_spinners", "setsid_spinners_2", "spinning_threads"}
     assert set(statuses.values()) == {"timeout"} or (user != "root" and set(statuses.values()) <= STOPPED_WITHOUT_CGROUPS)
+
+
+def test_sandbox_uids_are_unique_across_containers(tmp_path):
+    """Two graders as two containers on one kernel (each its own /run and /tmp, where lock files would not meet):
+    the one grades a fork bomb and spinners, the other honest programs. Their uids are disjoint (the kernel's
+    count of a uid's processes decides, host-wide), so the fork bomb takes no process slot of the other's."""
+    if not ROOT:
+        pytest.skip("sandbox uids are root's (an ordinary user's sandboxes each get a user namespace)")
+    ready = tmp_path / "ready"
+    ready.mkdir(parents=True)
+    os.chmod(ready, 0o777)
+    common = {"limits": {**LIMITS, "processes": 8, "cpu_seconds": 2, "timeout": 5}, "workers": WORKERS}
+    first = grader("root", "neighbours", {**common, "attack": True, "honest": 2, "ready": str(ready / "a")}, tmp_path,
+                   within=CONTAINER)
+    second = grader("root", "neighbours", {**common, "attack": False, "honest": 4, "ready": str(ready / "b"),
+                                           "delay": 0.3}, tmp_path, within=CONTAINER)
+    attacked, quiet = finish(*first)[0], finish(*second)[0]
+    assert attacked["uids"] and quiet["uids"] and not set(attacked["uids"]) & set(quiet["uids"])
+    want = str(attacks.honest_answer())
+    for report in (attacked, quiet):
+        honest = {n: r for n, r in report["results"].items() if n.startswith("honest")}
+        assert all(r["status"] == "ok" and r["value"] == want for r in honest.values()), report
+
+
+def test_a_read_only_cgroupfs_is_a_weaker_mode_named_in_every_grading_metric(tmp_path):
+    if not ROOT or not cgroups.in_force():
+        pytest.skip("needs root where cgroups are in force, to take them away")
+    report, _ = run("root", "weaker", {"limits": LIMITS}, tmp_path, within=READ_ONLY_CGROUPS)
+    assert report["bounds"].startswith("no cgroups (cannot make a cgroup below") and "Read-only" in report["bounds"]
+    assert any("no cgroups here, a weaker mode" in line and "grading/code_no_cgroups" in line for line in report["log"])
+    assert report["verdicts"] == [[1, 1], [0, 1]]
+    assert report["counts"]["programs"] == report["counts"]["no_cgroups"] == 2
+
+
+def test_a_user_whose_pipe_pages_are_spent_still_gets_every_answer(user, tmp_path):
+    """Five sandboxes hold every pipe their processes may open: as an ordinary user, past the user's pipe budget
+    (fs.pipe-user-pages-soft), so that every new pipe of the user, the grader's too, gets the kernel's minimum (two
+    pages, not sixteen). Honest
+    programs beside them, which send the judge 200 KB, all get their answer: nothing is written to a pipe before
+    its reader exists (the job, the seccomp filter: memfds)."""
+    limits = {**LIMITS, "processes": 12, "cpu_seconds": 2, "timeout": 20, "wait_seconds": 6}
+    report, _ = run(user, "pipes", {"limits": limits, "workers": 7, "hogs": 5, "honest": 4}, tmp_path)
+    from rlvr.sandbox import read_value
+
+    assert report["statuses"][5:] == ["ok"] * 4, report
+    sizes = [read_value(value)[0] for value in report["values"]]
+    assert all(read_value(value)[1] == "x" * 200_000 for value in report["values"])
+    if user == "nobody":  # the budget was spent: the honest programs' own pipes had their minimum, not 64 KB
+        assert max(sizes) < 65536, sizes
+
+
+def test_a_program_that_waits_is_stopped_at_its_waiting_bound(user, tmp_path):
+    """Sleeping, deadlocked, waiting on an event or on a sleeping child: each is stopped once it has waited
+    `wait_seconds` (1 s here), not at the wall-clock cap (30 s here), whose reason would say so."""
+    limits = {**LIMITS, "cpu_seconds": 2, "timeout": 30, "wait_seconds": 1}
+    report, _ = run(user, "waiting", {"limits": limits, "workers": WORKERS}, tmp_path)
+    for name, result in report.items():
+        assert result["status"] == "timeout" and result["error"].startswith("waited "), (name, result)
 
 
 def test_sandbox_uids_are_unique_across_grader_processes(tmp_path):
