@@ -178,7 +178,7 @@ def attacks(t: dict) -> dict[str, tuple[str, list[str]]]:
         "write_site_packages_and_sources": (f"""
             import os
             wrote = 0
-            for path in [{t["site_packages"] + "/rlvr_escaped.pth"!r}, {t["sources"] + "/harness.py"!r},
+            for path in [{t["site_packages"] + "/rlvr_escaped.pth"!r}, {t["sources"] + "/inside/harness.py"!r},
                          {t["sources"] + "/__init__.py"!r}]:
                 try:
                     with open(path, "a") as fh:

@@ -13,7 +13,7 @@ STDERR_CAP = 4096  # bytes of stderr kept (the rest is drained and dropped)
 
 
 WALL_FACTOR = 3  # the wall-clock cap over the CPU budget (`sandbox.timeout` of the config sets both)
-JUDGE_EXTRA_MB = 256  # the judge's address space over memory_mb (room to decode a large value: harness.py)
+JUDGE_EXTRA_MB = 256  # the judge's address space over memory_mb (room to decode a large value, to import pytest)
 RUNNERS = ("script", "unittest", "pytest", "stdio")
 OK_OUTCOMES = frozenset({"passed", "skipped", "xfailed", "xpassed"})  # what a runner's run passes with
 

@@ -253,6 +253,7 @@ def run(job: Job, limits: SandboxLimits, mode: str, checks: int | None = None) -
     makes it); never raises for anything the program does. `checks`: how many the caller expects (a runner
     that counts them itself says so)."""
     start = time.perf_counter()
+    launch.precompile()
     root, isolated = os.geteuid() == 0, mode == "bwrap"
     payload = _payload(job, limits, root and isolated)
     n = len(job.checks) if checks is None else checks
