@@ -175,6 +175,40 @@ def memory_attacks() -> dict[str, str]:
                 pass
             def held():
                 return int(mb)""",
+        # allowed (asyncio's self-pipe, multiprocessing.Pipe), at their default buffers: bounded by the fds
+        "unix_socketpair_buffers": """
+            import os, socket
+            def fill():
+                mb, keep = 0, []
+                for _ in range(40):
+                    try:
+                        a, b = socket.socketpair()
+                    except OSError:
+                        break
+                    keep.append((a, b))
+                    for side in (a, b):
+                        try:
+                            side.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 20)
+                        except OSError:
+                            pass
+                        side.setblocking(False)
+                        try:
+                            while True:
+                                mb += side.send(b"x" * 65536) / (1 << 20)
+                        except OSError:
+                            pass
+                return keep, mb
+            kept, mb = fill()
+            for _ in range(2):
+                try:
+                    if os.fork() == 0:
+                        kept = fill()
+                        import time
+                        time.sleep(30)
+                except OSError:
+                    break
+            def held():
+                return int(mb * 3)""",
         "posix_timers": """
             import ctypes, time
             libc = ctypes.CDLL(None, use_errno=True)
