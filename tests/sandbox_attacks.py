@@ -381,6 +381,29 @@ def judge_attacks() -> dict[str, tuple]:
         # HumanEval: the program's own `check` must not replace the test's
         "program_defines_check": ("def check(candidate):\n    pass\ndef f(x):\n    return 0",
                                   ["def check(candidate):\n    assert candidate(1) == 2"]),
+        # issue 64: the runners' own controls from the program: a skipped test passes, a stopped run ends early
+        "skip_its_tests": (
+            "import unittest\nclass Later(unittest.SkipTest):\n    pass\n"
+            "def f(x):\n    raise unittest.SkipTest('not today')\ndef g(x):\n    raise Later('later')\n"
+            "def h(x):\n    import pytest\n    pytest.skip('nope')\ndef k(x):\n    raise KeyboardInterrupt",
+            ["def test_f():\n    assert f(1) == 2\ndef test_g():\n    assert g(1) == 2\ndef test_h():\n    assert h(1) == 2\n"
+             "def test_k():\n    assert k(1) == 2",
+             "import unittest\nclass T(unittest.TestCase):\n    def test_f(self):\n        self.assertEqual(f(1), 2)\n"
+             "    def test_g(self):\n        self.assertEqual(g(1), 2)"]),
+        # tests and fixtures of the program's own, collected by the runner, would pass as tests
+        "adds_tests_and_fixtures": (
+            "def test_free():\n    pass\ndef test_free_2():\n    pass\nclass TestMine:\n    def test_it(self):\n"
+            "        pass\ndef setup_module(m):\n    raise SystemExit(0)\ndef load_tests(*a):\n    return None\n"
+            "pytest_plugins = []\ndef f(x):\n    return 0",
+            ["from solution import *\ndef test_f():\n    assert f(1) == 2"]),
+        # the tests' objects as the program gets them: no way through them to the judge's globals or frames
+        "reach_the_judge_through_a_callback": (
+            "def f(cb):\n    for path in ('__globals__', 'gi_frame', 'f_globals', '__self__', '__closure__'):\n"
+            "        try:\n            getattr(cb, path)\n            return 42\n        except Exception:\n"
+            "            pass\n    try:\n        return 42 if cb.__class__.__name__ != 'JudgeObject' else 0\n"
+            "    except Exception:\n        return 0",
+            ["assert f(lambda: 0) == 42", "assert f(x for x in [1]) == 42", "import os\nassert f(os.getcwd) == 42",
+             "assert f(eval) == 42"]),
         # a value that costs the trainer quadratic time to build (and a test whose literal makes it read it)
         "colliding_hashes_for_the_trainer": (
             f"def f():\n    return {{{_colliding}}}", [f"assert f() == {{{_colliding}, 1}}", "assert not f()"]),

@@ -48,6 +48,7 @@ class Codec(Encoder, Decoder):
         self.rebuilt_ids: dict[int, int] = {}  # id(rebuilt class) -> its n
         self.standing: dict[int, int] = {}  # id(stand-in) -> the other side's n
         self.namedtuples: dict[tuple, type] = {}
+        self.tamed: dict[int, type] = {}  # a runner-steering class of the other side's -> the plain one here
 
     # ---------------------------------------------------------------------------------------- encoding
 

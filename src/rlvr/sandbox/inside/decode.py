@@ -7,6 +7,8 @@ import sys
 from .encode import BUILTIN_TYPES, MAX_DEPTH, MAX_NODES, NOT_BY_NAME
 from .wire import LINE_CAP, Gone, Malformed, Memo
 
+RUNNER_CONTROL = frozenset({"unittest.case.SkipTest", "unittest.case._ShouldStop", "unittest.case._UnexpectedSuccess",
+                            "bdb.BdbQuit", "builtins.KeyboardInterrupt"})
 NO_IMPORT = frozenset({"antigravity", "this", "idlelib", "turtle", "turtledemo", "tkinter", "pdb", "webbrowser",
                        "pydoc"})
 
@@ -170,7 +172,18 @@ class Decoder:
             cls = None
         if not (isinstance(cls, type) and issubclass(cls, BaseException)):
             raise Malformed("not an exception class")
-        return cls
+        return self._tame(cls) if self.me == "j" else cls
+
+    def _tame(self, cls: type) -> type:
+        """A class that steers a test runner (unittest.SkipTest: a skipped test passes; KeyboardInterrupt,
+        BdbQuit, unittest's internal stops) reaches the judge from the program as a plain exception of the same
+        name: the program's exception fails its test, it never skips or stops it."""
+        if not any(f"{c.__module__}.{c.__qualname__}" in RUNNER_CONTROL for c in cls.__mro__):
+            return cls
+        tamed = self.tamed.get(id(cls))
+        if tamed is None:
+            tamed = self.tamed[id(cls)] = _rebuild(cls.__name__, cls.__qualname__, cls.__module__, (Exception,))
+        return tamed
 
     def _exception_of(self, node, memo, d, budget) -> BaseException:
         cls = self.exception_class_of(node[1], d)

@@ -52,6 +52,15 @@ def _builtin_name(value) -> str | None:
     return None
 
 
+def _found(module: str, qualname: str):
+    """What `module.qualname` names where the module is already imported (a class that says it is a standard
+    module's, as pytest's outcomes say they are builtins, may not be)."""
+    obj = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
 def defines(kind: type, name: str) -> bool:
     """Whether a class of `kind`'s own (not `object`) defines the method `name`."""
     return any(name in vars(cls) for cls in kind.__mro__[:-1])
@@ -163,7 +172,7 @@ class Encoder:
         if getattr(builtins, cls.__name__, None) is cls:
             return ["X", "b", cls.__name__]
         module = str(getattr(cls, "__module__", ""))
-        if module.split(".")[0] in sys.stdlib_module_names:
+        if module.split(".")[0] in sys.stdlib_module_names and _found(module, cls.__qualname__) is cls:
             return ["X", "s", module, cls.__qualname__]
         n = self.rebuilt_ids.get(id(cls))
         if n is not None:

@@ -41,6 +41,8 @@ def runner_name(name: str) -> bool:
 def _refuse(obj) -> str | None:
     if isinstance(obj, _REFUSED_TYPES):
         return f"a {type(obj).__name__} cannot be passed to the program"
+    if getattr(builtins, getattr(obj, "__name__", ""), None) is obj and callable(obj):  # eval, exec, open, vars...
+        return f"the builtin {obj.__name__} cannot be passed to the program"
     module = getattr(type(obj), "__module__", "") or ""
     if module.split(".")[0] in ("inside", "rlvr"):
         return f"the judge's own {type(obj).__name__} cannot be passed to the program"
