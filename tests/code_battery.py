@@ -643,6 +643,23 @@ def _environment() -> list[Case]:
                     list(pool.map(work, range(n)))
                 return total[0], threading.active_count()
             """, "from solution import tally\ndef test_threads():\n    assert tally(10)[0] == 5000", "tally"),
+        case("ten_live_threads", """
+            import threading
+            def together(n):
+                barrier = threading.Barrier(n + 1)
+                seen = []
+                def wait():
+                    barrier.wait()  # every thread alive at once
+                    seen.append(1)
+                threads = [threading.Thread(target=wait) for _ in range(n)]
+                for t in threads:
+                    t.start()
+                alive = threading.active_count()
+                barrier.wait()
+                for t in threads:
+                    t.join()
+                return alive, len(seen)
+            """, "assert together(10) == (11, 10)", "together"),
         case("numpy", "import numpy as np\ndef stats(xs):\n    a = np.array(xs, dtype=float)\n    return float(a.mean()), float(a.std())",
              "import math\nm, s = stats([1, 2, 3, 4])\nassert m == 2.5 and math.isclose(s, 1.118033988749895)", "stats",
              needs="numpy"),

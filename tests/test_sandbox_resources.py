@@ -400,7 +400,7 @@ def test_a_cgroup_v2_hierarchy_is_used_as_v1_is(tmp_path, monkeypatch):
     where = Path(group.dirs["memory"])
     assert where.parent == own and where.name.startswith(f"rlvr-sandbox-{os.getpid()}-")
     assert (where / "memory.max").read_text() == str(sandbox_memory_mb(limits) << 20)  # 656 MB
-    assert (where / "memory.swap.max").read_text() == "0" and (where / "pids.max").read_text() == "4"
+    assert (where / "memory.swap.max").read_text() == "0" and (where / "pids.max").read_text() == "20"  # 4 + 16 threads
     assert group.cpu_seconds() == 2.5 and group.oom_killed()
     group.add(4242)
     assert (where / "cgroup.procs").read_text() == "4242"

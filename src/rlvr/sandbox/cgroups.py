@@ -8,7 +8,8 @@ A sandbox's group, made below rlvr's own cgroup (so every limit above rlvr's sti
 * a memory limit of the sandbox's whole budget (`records.sandbox_memory_mb`), which the kernel charges with
   everything its processes hold, not only their address space: anonymous memory, shared memory, tmpfs pages,
   pipe buffers and kernel objects (inodes, dentries); no swap;
-* a process limit (`pids.max`, threads included) of `limits.processes`;
+* a task limit (`pids.max`, which counts threads too) of `limits.processes + limits.threads` (its memory limit
+  counts `processes` of them at `memory_mb`: threads share their process's);
 * its own CPU share (v1 `cpu.shares`, v2 `cpu.weight`, the default for every group): a sandbox of 16 spinning
   processes gets the CPU of one sandbox, not of 16 programs;
 * its CPU clock (v1 `cpuacct.usage`, v2 `cpu.stat`), which counts every process ever in the group, a child
@@ -235,7 +236,7 @@ def _make(version: int, dirs: dict[str, str], limits: SandboxLimits) -> Group:
             _write(f"{group.dirs['memory']}/memory.max", memory)
             if os.path.exists(f"{group.dirs['memory']}/memory.swap.max"):
                 _write(f"{group.dirs['memory']}/memory.swap.max", "0")
-        _write(f"{group.dirs['pids']}/pids.max", str(int(limits.processes)))
+        _write(f"{group.dirs['pids']}/pids.max", str(int(limits.processes + limits.threads)))
     except OSError:
         Group(made, version).remove(wait=1.0)
         raise

@@ -57,6 +57,7 @@ START_WAIT = 30.0  # seconds bubblewrap may take to report the judge's pid
 IDLE_SHARE = 0.05  # an interval whose tasks ran or waited for a CPU less than this share of it was waiting
 STARVED_SHARE = 0.5  # an interval whose tasks waited for a CPU more than this share of it was starved
 LAST_RESORT = 10  # x timeout: the plain wall clock after which a sandbox is stopped however starved
+SCHEDSTAT = os.path.exists("/proc/self/schedstat")  # the kernel's per-task run and wait times (CONFIG_SCHED_INFO)
 
 
 class SandboxError(RuntimeError):
@@ -184,7 +185,13 @@ class Meter:
         if self.isolated and self._files() > work_files(self.limits):
             self.why = "over the sandbox's file limit (one per KB of its tmpfs)"
             return "memory"
-        now_seen = schedstats(tids)
+        now_seen = schedstats(tids) if SCHEDSTAT else {}
+        if not now_seen:  # no kernel scheduler statistics (or no task seen): the plain wall clock only
+            self.active += interval
+            if self.active > self.limits.timeout:
+                self.why = "wall-clock limit"
+                return "timeout"
+            return None
         ran = waited_for_cpu = 0
         for tid, (cpu, delay) in now_seen.items():
             before = self.seen.get(tid, (0, 0))
