@@ -38,8 +38,8 @@ HONEST = textwrap.dedent("""
 HONEST_N = 12_000_000
 
 
-def honest_answer() -> int:
-    return sum(i * i % 7 for i in range(HONEST_N))
+def honest_answer(n: int = HONEST_N) -> int:
+    return sum(i * i % 7 for i in range(n))
 
 
 def memory_attacks() -> dict[str, str]:
@@ -368,11 +368,16 @@ def neighbours(s: dict) -> dict:
     from rlvr.sandbox import Check, Job, configure, run_programs
 
     configure("bwrap", workers=s["workers"], limits=_limits(s))
-    table = neighbour_attacks() if s["attack"] else {}
-    names = [*table, "setsid_spinners_2"][:s["workers"]] if table else []
-    jobs = [Job(_dedent(table[name.removesuffix("_2")]), (Check("1"),)) for name in names]
+    if s["attack"] == "spin":  # plain spinners, one process each: `spinners` sandboxes of CPU wanted at once
+        names = [f"spinner_{i}" for i in range(s["spinners"])]
+        jobs = [Job("while True:\n    pass\n", (Check("1"),))] * s["spinners"]
+    else:
+        table = neighbour_attacks() if s["attack"] else {}
+        names = [*table, "setsid_spinners_2"][:s["workers"]] if table else []
+        jobs = [Job(_dedent(table[name.removesuffix("_2")]), (Check("1"),)) for name in names]
+    n = s.get("n", HONEST_N)
     names += [f"honest_{i}" for i in range(s["honest"])]
-    jobs += [Job(_dedent(HONEST), (Check(f"work({HONEST_N})"),))] * s["honest"]
+    jobs += [Job(_dedent(HONEST), (Check(f"work({n})"),))] * s["honest"]
     if s.get("ready"):  # start together with the other grader process
         open(s["ready"], "w").close()
         while len(os.listdir(os.path.dirname(s["ready"]))) < 2:

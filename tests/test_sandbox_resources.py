@@ -221,6 +221,27 @@ def test_a_verdict_does_not_depend_on_what_runs_beside_it(user, tmp_path):
     assert set(statuses.values()) == {"timeout"} or (user != "root" and set(statuses.values()) <= STOPPED_WITHOUT_CGROUPS)
 
 
+def test_a_program_starved_by_another_graders_spinners_is_not_timed_out(user, tmp_path):
+    """Another grader process keeps 8 sandboxes spinning on this 2-core machine (each its own CPU share) while
+    honest programs that need about half their CPU budget (~1 s of 2) are graded with a wall-clock cap of 2.5 s:
+    they get a fifth of a core or less, so they run past the cap. A wall clock that counted the time they waited
+    for a CPU would time them out (the grader before issue 64 did, on this machine with these settings: both
+    "wall-clock limit" at 2.6 s, where this one answered both at 3.2-3.4 s); here every one gets its answer."""
+    ready = tmp_path / "ready"
+    ready.mkdir(parents=True)
+    os.chmod(ready, 0o777)
+    limits = {**LIMITS, "processes": 8, "cpu_seconds": 2, "timeout": 2.5}
+    spinning = grader(user, "neighbours", {"limits": {**limits, "timeout": 60}, "workers": 8, "attack": "spin",
+                                           "spinners": 8, "honest": 0, "ready": str(ready / "a")}, tmp_path)
+    n = attacks.HONEST_N * 3 // 4
+    honest = grader(user, "neighbours", {"limits": limits, "workers": 2, "attack": False, "honest": 2, "n": n,
+                                         "ready": str(ready / "b"), "delay": 0.5}, tmp_path)
+    report = finish(*honest)[0]
+    finish(*spinning)
+    want = str(attacks.honest_answer(n))
+    assert all(r["status"] == "ok" and r["value"] == want for r in report["results"].values()), report
+
+
 def test_sandbox_uids_are_unique_across_containers(tmp_path):
     """Two graders as two containers on one kernel (each its own /run and /tmp, where lock files would not meet):
     the one grades a fork bomb and spinners, the other honest programs. Their uids are disjoint (the kernel's
