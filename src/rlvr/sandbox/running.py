@@ -60,9 +60,10 @@ LAST_RESORT = 10  # x timeout: the plain wall clock after which a sandbox is sto
 SCHEDSTAT = os.path.exists("/proc/self/schedstat")  # the kernel's per-task run and wait times (CONFIG_SCHED_INFO)
 
 
-class SandboxError(RuntimeError):
+class SandboxError(launch.Unavailable):
     """The sandbox's machinery failed (not the program): its cgroup could not be made, take the judge or be
-    read. Grading stops with this rather than scoring the program 0."""
+    read. Grading stops with this rather than scoring the program 0; a SandboxUnavailable, so that a command
+    stops with its one line as it does where the sandbox cannot be had at all."""
 
 
 class _Judge:
