@@ -324,6 +324,23 @@ def test_the_limits_only_mode_still_catches_exits_loops_and_harness_patching():
     assert results[2].values == [None] and results[3].values == ["2"]
 
 
+def test_the_limits_only_mode_runs_each_runner():
+    """Outside bubblewrap the judge starts from rlvr's own files: pytest must not read the project's
+    configuration above them (its addopts would not parse), and every runner runs as it does inside."""
+    from rlvr.tasks.code import stdio_answer
+
+    truths = [code_answer(["from solution import f\ndef test_a():\n    assert f(1) == 2\ndef test_b(capsys):\n"
+                           "    print('x')\n    assert capsys.readouterr().out == 'x\\n'"], "f"),
+              code_answer(["import unittest\nclass T(unittest.TestCase):\n    def test_a(self):\n"
+                           "        self.assertEqual(f(1), 2)"], "f"),
+              stdio_answer([("1\n", "2\n")])]
+    jobs = [parse_tests(t).job(p) for t, p in zip(truths, ["def f(x):\n    return x + 1\n"] * 2 +
+                                                   ["print(int(input()) + 1)\n"])]
+    results = [run_program(job, SandboxLimits(timeout=9, cpu_seconds=3), mode="limits_only",
+                           checks=parse_tests(t).count) for job, t in zip(jobs, truths)]
+    assert [r.passed() for r in results] == [[True, True], [True], [True]], results
+
+
 def test_grading_64_programs_is_parallel_and_each_distinct_program_runs_once():
     truth = code_answer([f"assert f({i}) == {2 * i}" for i in range(5)], "f")
     programs = [f"def f(x):\n    return 2 * x + {i % 4 == 0}\n" for i in range(64)]  # two distinct programs

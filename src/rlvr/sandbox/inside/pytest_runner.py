@@ -17,9 +17,10 @@ import types
 from .runners import OK, TEST_MODULE, Report
 
 STUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{TEST_MODULE}.py")
-# no cache (nothing written), no terminal output, no conftest; the plugins that only report elsewhere are off (the
+# no configuration file (none is read from the directories above: with limits_only they are the project's), no
+# cache (nothing written), no terminal output, no conftest; the plugins that only report elsewhere are off (the
 # others stay: unittest's support reads debugging's options)
-ARGS = ["--noconftest", "--import-mode=importlib",
+ARGS = ["--noconftest", "--import-mode=importlib", "-c", os.devnull, "--rootdir", os.path.dirname(STUB),
         *[arg for name in ("cacheprovider", "terminal", "doctest", "junitxml", "pastebin") for arg in ("-p", f"no:{name}")]]
 
 
