@@ -399,6 +399,22 @@ def _pytest() -> list[Case]:
                 shout('hi')
                 assert capfd.readouterr().out == 'HI\\n'
             """, "shout"),
+        case("pytest_isinstance_of_the_programs_classes", """
+            class Shape:
+                def area(self):
+                    raise NotImplementedError
+            class Square(Shape):
+                def __init__(self, side):
+                    self.side = side
+                def area(self):
+                    return self.side ** 2
+            """, """
+            from solution import Shape, Square
+            def test_types():
+                s = Square(3)
+                assert isinstance(s, Square) and isinstance(s, Shape) and issubclass(Square, Shape)
+                assert not isinstance(5, Shape) and s.area() == 9
+            """, "Square"),
         case("pytest_parametrize_wrong", "def is_even(n):\n    return n % 2 == 0 or n == 7", """
             import pytest
             from solution import is_even

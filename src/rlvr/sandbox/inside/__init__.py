@@ -2,8 +2,8 @@
 
 Standard library only (pytest too, for pytest-style test files), relative imports only: this directory is bound
 read-only into each sandbox as the package `inside`, beside the few packages a sandbox gets (pytest and its
-dependencies, numpy where the grader has it: `rlvr.sandbox.launch`). `rlvr.sandbox` imports `wire` from here to
-read the values a check sends back.
+dependencies, numpy where the grader has it: `rlvr.sandbox.launch`). `rlvr.sandbox` imports `codec` and `wire`
+from here to read the values a check sends back.
 
 May import: nothing of rlvr outside this package.
 """

@@ -110,6 +110,13 @@ class Remote:
     def __repr__(self):
         return f"<the program's {self._type} object>"
 
+    def __instancecheck__(self, obj):
+        # `isinstance(x, Stack)` with the program's class: the program's own type system answers, as in one process
+        return _exact(self._judge.ask(self, "isinstance", other=self._judge.arg(obj)), bool, "isinstance()")
+
+    def __subclasscheck__(self, cls):
+        return _exact(self._judge.ask(self, "issubclass", other=self._judge.arg(cls)), bool, "issubclass()")
+
     def __bool__(self):
         if "b" in self._flags:
             raise TypeError("the truth value of a program object with __bool__ is not decided by the program")

@@ -177,6 +177,9 @@ class Server:
         if op == "delitem":
             del target[read(request["key"]["n"], memo)]
             return {"v": None}
+        if op in ("isinstance", "issubclass"):
+            other = read(request["other"]["n"], memo)
+            return {"v": isinstance(other, target) if op == "isinstance" else issubclass(other, target)}
         simple = {"len": len, "iter": iter, "next": next, "str": str, "repr": repr, "int": int, "float": float,
                   "index": _index, "bool": bool}
         if op in simple:
