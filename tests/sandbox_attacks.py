@@ -178,7 +178,7 @@ def attacks(t: dict) -> dict[str, tuple[str, list[str]]]:
         "write_site_packages_and_sources": (f"""
             import os
             wrote = 0
-            for path in [{t["site_packages"] + "/rlvr_escaped.pth"!r}, {t["sources"] + "/harness.py"!r},
+            for path in [{t["site_packages"] + "/rlvr_escaped.pth"!r}, {t["sources"] + "/inside/harness.py"!r},
                          {t["sources"] + "/__init__.py"!r}]:
                 try:
                     with open(path, "a") as fh:
@@ -188,12 +188,14 @@ def attacks(t: dict) -> dict[str, tuple[str, list[str]]]:
                     pass
             def f():
                 return wrote""", ["assert f() >= 1"]),
+        # the sandbox's own /dev/shm is writable (multiprocessing's semaphores); the host's must stay as it was
+        # (the caller compares it), and nothing else outside /work may be written
         "write_dev_shm": ("""
             wrote = False
             for path in ("/dev/shm/rlvr-escaped", "/dev/rlvr-escaped", "/rlvr-escaped", "/tmp/rlvr-escaped"):
                 try:
                     open(path, "w").write("x")
-                    wrote = True
+                    wrote = wrote or not path.startswith("/dev/shm/")
                 except OSError:
                     pass
             def f():
@@ -379,6 +381,29 @@ def judge_attacks() -> dict[str, tuple]:
         # HumanEval: the program's own `check` must not replace the test's
         "program_defines_check": ("def check(candidate):\n    pass\ndef f(x):\n    return 0",
                                   ["def check(candidate):\n    assert candidate(1) == 2"]),
+        # issue 64: the runners' own controls from the program: a skipped test passes, a stopped run ends early
+        "skip_its_tests": (
+            "import unittest\nclass Later(unittest.SkipTest):\n    pass\n"
+            "def f(x):\n    raise unittest.SkipTest('not today')\ndef g(x):\n    raise Later('later')\n"
+            "def h(x):\n    import pytest\n    pytest.skip('nope')\ndef k(x):\n    raise KeyboardInterrupt",
+            ["def test_f():\n    assert f(1) == 2\ndef test_g():\n    assert g(1) == 2\ndef test_h():\n    assert h(1) == 2\n"
+             "def test_k():\n    assert k(1) == 2",
+             "import unittest\nclass T(unittest.TestCase):\n    def test_f(self):\n        self.assertEqual(f(1), 2)\n"
+             "    def test_g(self):\n        self.assertEqual(g(1), 2)"]),
+        # tests and fixtures of the program's own, collected by the runner, would pass as tests
+        "adds_tests_and_fixtures": (
+            "def test_free():\n    pass\ndef test_free_2():\n    pass\nclass TestMine:\n    def test_it(self):\n"
+            "        pass\ndef setup_module(m):\n    raise SystemExit(0)\ndef load_tests(*a):\n    return None\n"
+            "pytest_plugins = []\ndef f(x):\n    return 0",
+            ["from solution import *\ndef test_f():\n    assert f(1) == 2"]),
+        # the tests' objects as the program gets them: no way through them to the judge's globals or frames
+        "reach_the_judge_through_a_callback": (
+            "def f(cb):\n    for path in ('__globals__', 'gi_frame', 'f_globals', '__self__', '__closure__'):\n"
+            "        try:\n            getattr(cb, path)\n            return 42\n        except Exception:\n"
+            "            pass\n    try:\n        return 42 if cb.__class__.__name__ != 'JudgeObject' else 0\n"
+            "    except Exception:\n        return 0",
+            ["assert f(lambda: 0) == 42", "assert f(x for x in [1]) == 42", "import os\nassert f(os.getcwd) == 42",
+             "assert f(eval) == 42"]),
         # a value that costs the trainer quadratic time to build (and a test whose literal makes it read it)
         "colliding_hashes_for_the_trainer": (
             f"def f():\n    return {{{_colliding}}}", [f"assert f() == {{{_colliding}, 1}}", "assert not f()"]),
@@ -388,9 +413,9 @@ def judge_attacks() -> dict[str, tuple]:
 def run(t: dict, limits=None) -> dict:
     """Grade every attack at once; name -> {"passed", "honest", "tests", "status", "error", "compare_seconds"}
     and the batch's seconds (compare_seconds: this process's time to compare the values with the tests)."""
-    from rlvr.grading.code import parse_tests, passed
+    from rlvr.grading.code import parse_tests
     from rlvr.sandbox import run_programs
-    from rlvr.sandbox.records import Job, SandboxLimits
+    from rlvr.sandbox.records import SandboxLimits
     from rlvr.tasks.code import code_answer
 
     limits = limits or SandboxLimits(timeout=4, cpu_seconds=2, memory_mb=256, file_mb=8, processes=16, output_kb=256)
@@ -399,14 +424,14 @@ def run(t: dict, limits=None) -> dict:
     names = list(table)
     truths = [parse_tests(code_answer(table[n][1], table[n][2])) for n in names]
     start = time.perf_counter()
-    results = run_programs([Job(textwrap.dedent(table[n][0]).strip() + "\n", tests.checks)
-                            for n, tests in zip(names, truths)], limits)
+    results = run_programs([tests.job(textwrap.dedent(table[n][0]).strip() + "\n") for n, tests in zip(names, truths)],
+                           limits, checks=[tests.count for tests in truths])
     seconds = time.perf_counter() - start
     out = {}
     for n, tests, r in zip(names, truths, results):
         clock = time.process_time()
-        verdicts = passed(tests, r.values)
-        out[n] = {"passed": sum(verdicts) if r.status == "ok" else 0, "honest": table[n][3], "tests": len(tests.checks),
+        verdicts = r.passed()
+        out[n] = {"passed": sum(verdicts) if r.status == "ok" else 0, "honest": table[n][3], "tests": len(verdicts),
                   "status": r.status, "error": r.error, "values": [v if v is None or len(v) < 200 else v[:200] + "..."
                                                                     for v in r.values],
                   "compare_seconds": time.process_time() - clock}

@@ -38,8 +38,8 @@ HONEST = textwrap.dedent("""
 HONEST_N = 12_000_000
 
 
-def honest_answer() -> int:
-    return sum(i * i % 7 for i in range(HONEST_N))
+def honest_answer(n: int = HONEST_N) -> int:
+    return sum(i * i % 7 for i in range(n))
 
 
 def memory_attacks() -> dict[str, str]:
@@ -175,6 +175,40 @@ def memory_attacks() -> dict[str, str]:
                 pass
             def held():
                 return int(mb)""",
+        # allowed (asyncio's self-pipe, multiprocessing.Pipe), at their default buffers: bounded by the fds
+        "unix_socketpair_buffers": """
+            import os, socket
+            def fill():
+                mb, keep = 0, []
+                for _ in range(40):
+                    try:
+                        a, b = socket.socketpair()
+                    except OSError:
+                        break
+                    keep.append((a, b))
+                    for side in (a, b):
+                        try:
+                            side.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 20)
+                        except OSError:
+                            pass
+                        side.setblocking(False)
+                        try:
+                            while True:
+                                mb += side.send(b"x" * 65536) / (1 << 20)
+                        except OSError:
+                            pass
+                return keep, mb
+            kept, mb = fill()
+            for _ in range(2):
+                try:
+                    if os.fork() == 0:
+                        kept = fill()
+                        import time
+                        time.sleep(30)
+                except OSError:
+                    break
+            def held():
+                return int(mb * 3)""",
         "posix_timers": """
             import ctypes, time
             libc = ctypes.CDLL(None, use_errno=True)
@@ -183,6 +217,28 @@ def memory_attacks() -> dict[str, str]:
                 made += 1
             def held():
                 return made >> 12  # about 256 bytes each""",
+        # a host-wide pool (fs.aio-max-nr) and a per-user count (fs.inotify.max_user_instances) the grader shares
+        "aio_contexts": """
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            made = 0
+            for _ in range(4096):
+                context = ctypes.c_ulong(0)
+                if libc.syscall(206, 256, ctypes.byref(context)) != 0:  # io_setup
+                    break
+                made += 1
+            def held():
+                return made""",
+        "inotify_instances": """
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            made = 0
+            for _ in range(1024):
+                if libc.inotify_init1(0) < 0:
+                    break
+                made += 1
+            def held():
+                return made""",
         "every_process_at_its_limit": """
             import os, time
             def grab():
@@ -245,6 +301,42 @@ def neighbour_attacks() -> dict[str, str]:
     }
 
 
+# holds as many pipes as its processes may open: empty pipes, each 16 pages of the user's pipe budget
+# (fs.pipe-user-pages-soft); past that budget every new pipe of the user (the grader's too) gets the minimum
+PIPE_HOG = """
+import os, time
+held = []
+def grab():
+    try:
+        while True:
+            held.append(os.pipe())
+    except OSError:
+        pass
+for _ in range({children}):
+    try:
+        if os.fork() == 0:
+            grab()
+            time.sleep(30)
+            os._exit(0)
+    except OSError:
+        break
+grab()
+time.sleep(30)
+"""
+# an honest program that waits a moment (the hogs take their pipes), then sends the judge 200 KB and reports how
+# large a new pipe of its own is (the kernel's minimum, two pages, once the user's pipe budget is spent)
+PIPE_HONEST = """
+import fcntl, os, time
+time.sleep(1)
+def big():
+    read, write = os.pipe()
+    size = fcntl.fcntl(write, 1032)  # F_GETPIPE_SZ
+    os.close(read)
+    os.close(write)
+    return size, "x" * 200_000
+"""
+
+
 def _limits(s: dict):
     from rlvr.sandbox.records import SandboxLimits
 
@@ -276,11 +368,16 @@ def neighbours(s: dict) -> dict:
     from rlvr.sandbox import Check, Job, configure, run_programs
 
     configure("bwrap", workers=s["workers"], limits=_limits(s))
-    table = neighbour_attacks() if s["attack"] else {}
-    names = [*table, "setsid_spinners_2"][:s["workers"]] if table else []
-    jobs = [Job(_dedent(table[name.removesuffix("_2")]), (Check("1"),)) for name in names]
+    if s["attack"] == "spin":  # plain spinners, one process each: `spinners` sandboxes of CPU wanted at once
+        names = [f"spinner_{i}" for i in range(s["spinners"])]
+        jobs = [Job("while True:\n    pass\n", (Check("1"),))] * s["spinners"]
+    else:
+        table = neighbour_attacks() if s["attack"] else {}
+        names = [*table, "setsid_spinners_2"][:s["workers"]] if table else []
+        jobs = [Job(_dedent(table[name.removesuffix("_2")]), (Check("1"),)) for name in names]
+    n = s.get("n", HONEST_N)
     names += [f"honest_{i}" for i in range(s["honest"])]
-    jobs += [Job(_dedent(HONEST), (Check(f"work({HONEST_N})"),))] * s["honest"]
+    jobs += [Job(_dedent(HONEST), (Check(f"work({n})"),))] * s["honest"]
     if s.get("ready"):  # start together with the other grader process
         open(s["ready"], "w").close()
         while len(os.listdir(os.path.dirname(s["ready"]))) < 2:
@@ -288,8 +385,10 @@ def neighbours(s: dict) -> dict:
     time.sleep(s.get("delay", 0))
     start = time.perf_counter()
     results = run_programs(jobs)
-    return {"seconds": time.perf_counter() - start,
-            "results": {n: {"status": r.status, "value": r.values[0], "seconds": r.seconds}
+    from rlvr.sandbox.uids import held_uids
+
+    return {"seconds": time.perf_counter() - start, "uids": held_uids(),
+            "results": {n: {"status": r.status, "value": r.values[0], "seconds": r.seconds, "error": r.error}
                         for n, r in zip(names, results)}}
 
 
@@ -298,25 +397,25 @@ def leftovers(s: dict) -> dict:
     behind; then, at once, list what is left: any process below this one (a zombie child included), and any
     process of a sandbox uid this grader holds (root)."""
     from rlvr.sandbox import Check, Job, configure, run_programs
-    from rlvr.sandbox.processes import held_uids
+    from rlvr.sandbox.uids import held_uids, holder_pids
 
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     configure("bwrap", workers=s["workers"], limits=_limits(s))
     table = {**neighbour_attacks(), "sleeper": "import time\ntime.sleep(60)"}
     results = run_programs([Job(_dedent(p), (Check("1"),)) for p in table.values()])
-    uids, parents, by_uid = set(held_uids()), {}, []
+    uids, parents, by_uid, holders = set(held_uids()), {}, [], set(holder_pids())
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
                 data = open(f"/proc/{entry.name}/stat", "rb").read()
                 fields = data[data.rindex(b")") + 2:].split()
                 parents[int(entry.name)] = (int(fields[1]), fields[0].decode())
-                if entry.stat().st_uid in uids:
+                if entry.stat().st_uid in uids and int(entry.name) not in holders:  # a holder is its uid's, by design
                     by_uid.append(int(entry.name))
             except (OSError, ValueError):
                 pass
     below = []
-    for pid in parents:
+    for pid in set(parents) - holders:  # the uids' holders are this grader's children by design
         up = pid
         while up in parents and up > 1:
             up = parents[up][0]
@@ -345,9 +444,62 @@ def refused(s: dict) -> dict:
     return out
 
 
+def pipes(s: dict) -> dict:
+    """Sandboxes that spend the user's pipe pages, then honest ones beside them; every honest one must get its
+    answer (before issue 64, a pipe written before bubblewrap read it blocked the grader forever)."""
+    from rlvr.sandbox import Check, Job, configure, run_programs
+
+    configure("bwrap", workers=s["workers"], limits=_limits(s))
+    hog = PIPE_HOG.format(children=s["limits"]["processes"] - 3)
+    jobs = [Job(hog, (Check("1"),))] * s["hogs"] + [Job(PIPE_HONEST, (Check("big()"),))] * s["honest"]
+    results = run_programs(jobs)
+    return {"statuses": [r.status for r in results], "values": [r.values[0] for r in results[s["hogs"]:]],
+            "errors": [r.error for r in results]}
+
+
+def waiting(s: dict) -> dict:
+    """Programs that wait without computing: each is stopped at the waiting bound, not the wall-clock cap."""
+    from rlvr.sandbox import Check, Job, configure, run_programs
+
+    configure("bwrap", workers=s["workers"], limits=_limits(s))
+    table = {"sleeper": "import time\ntime.sleep(60)",
+             "deadlock": "import threading\na, b = threading.Lock(), threading.Lock()\na.acquire()\nb.acquire()\n"
+                         "threading.Thread(target=lambda: (b.acquire(), a.release())).start()\na.acquire()",
+             "event": "def f():\n    import threading\n    threading.Event().wait()\n",
+             "sleeping_child": "import os, time\nif os.fork() == 0:\n    time.sleep(60)\n    os._exit(0)\nos.wait()"}
+    results = run_programs([Job(p, (Check("f()" if name == "event" else "1"),)) for name, p in table.items()])
+    return {name: {"status": r.status, "error": r.error} for name, r in zip(table, results)}
+
+
+def weaker(s: dict) -> dict:
+    """A grader that sees /sys/fs/cgroup read-only (Docker's default): it grades, in the weaker mode, and says so
+    in the log and in the counts every grading metric reports (`grading/code_<count>`: rlvr.tasks.reward_base)."""
+    import logging
+
+    from rlvr.grading.code import grade_programs
+    from rlvr.sandbox import bounds, configure, sandbox_stats
+    from rlvr.tasks.code import code_answer
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    logging.getLogger("rlvr.sandbox").addHandler(Keep())
+    logging.getLogger("rlvr.sandbox").setLevel(logging.INFO)
+    configure("bwrap", limits=_limits(s))
+    before = sandbox_stats()
+    verdicts = grade_programs(["def f(x):\n    return x", "def f(x):\n    return -x"],
+                              [code_answer(["assert f(2) == 2"], "f")] * 2)
+    after = sandbox_stats()
+    return {"bounds": bounds(), "log": seen, "verdicts": [list(v) for v in verdicts],
+            "counts": {k: after[k] - before[k] for k in after}}
+
+
 def uids(s: dict) -> dict:
     """Hold `n` sandbox uids for a moment, as a grader running that many sandboxes does."""
-    from rlvr.sandbox.processes import take_uid
+    from rlvr.sandbox.uids import take_uid
 
     held = [take_uid() for _ in range(s["n"])]
     open(s["ready"], "w").close()
@@ -359,4 +511,4 @@ def uids(s: dict) -> dict:
 if __name__ == "__main__":
     settings = json.loads(open(sys.argv[2]).read())
     print(json.dumps({"memory": memory, "neighbours": neighbours, "leftovers": leftovers, "refused": refused,
-                      "uids": uids}[sys.argv[1]](settings)))
+                      "uids": uids, "pipes": pipes, "waiting": waiting, "weaker": weaker}[sys.argv[1]](settings)))

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from rlvr.config import ConfigError, EvalConfig, SFTConfig, TrainConfig, load_config
+from rlvr.grading.code import grade_programs
 from rlvr.tasks import code as code_tasks
 from rlvr.tasks.code import (
     CodeSpec,
@@ -17,6 +18,7 @@ from rlvr.tasks.code import (
     code_response,
     code_task,
     load_code_jsonl,
+    stdio_answer,
 )
 from rlvr.tasks.datasets import is_code_dataset, load_dataset
 from rlvr.tasks.gsm8k import r1_zero_response
@@ -174,6 +176,41 @@ def test_load_code_jsonl_reads_the_three_forms_of_tests(tmp_path):
     assert _tests(rows[2]) == ["assert join(['a', 'b'], '-') == 'a-b'", "assert join(3) == [3]",
                                "assert join() == None", "assert join({'k': True}) == 1.5"]
     assert rows[2].answer == json.dumps({"entry_point": "join", "tests": _tests(rows[2])}, sort_keys=True)
+
+
+def test_load_code_jsonl_reads_stdin_stdout_problems(tmp_path):
+    path = _write(tmp_path / "apps.jsonl", [
+        {"prompt": "Add them.", "tests": [{"stdin": "1 2\n", "stdout": "3\n"}, {"stdin": "0 0\n", "stdout": "0\n"}],
+         "compare": "exact", "solution": "a, b = map(int, input().split())\nprint(a + b)"},
+        {"prompt": "Double it (APPS: its input_output as JSON text).",
+         "tests": json.dumps({"inputs": ["2\n", "5\n"], "outputs": ["4\n", ["10"]]})},
+        {"prompt": "A call-based APPS row.", "tests": {"inputs": [[1, 2]], "outputs": [3], "fn_name": "add"}},
+    ])
+    rows = load_code_jsonl(path)
+    assert rows[0].answer == stdio_answer([("1 2\n", "3\n"), ("0 0\n", "0\n")], "exact")
+    assert json.loads(rows[1].answer) == {"entry_point": None, "stdio": [["2\n", "4\n"], ["5\n", "10"]],
+                                          "compare": "whitespace"}
+    assert rows[2].answer == code_answer(["assert add(1, 2) == 3"], "add")
+    # graded as a script on each input, its output compared by the row's rule
+    verdicts = grade_programs([rows[0].solution, "print(4, end='')", "print(int(input()) * 2)", "print(4)"],
+                              [rows[0].answer, rows[0].answer, rows[1].answer, rows[1].answer])
+    assert verdicts == [(2, 2), (0, 2), (2, 2), (1, 2)]
+    assert "input 1: wrong output (exact comparison)" in verdicts[1].reason
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"prompt": "a", "tests": [{"stdin": "1"}]}, r"item 1: a stdin/stdout pair needs exactly the keys"),
+    ({"prompt": "a", "tests": [{"stdin": "1", "stdout": 2}]}, r"item 1: a stdin/stdout pair needs exactly the keys "
+                                                               r"'stdin' and 'stdout', both strings"),
+    ({"prompt": "a", "tests": [{"stdin": "1", "stdout": "2"}], "compare": "fuzzy"},
+     r"field 'compare' must be one of exact, whitespace, float; got 'fuzzy'"),
+    ({"prompt": "a", "tests": {"inputs": ["1"], "outputs": []}}, r"'inputs' and 'outputs' must be lists of the same"),
+    ({"prompt": "a", "tests": {"inputs": [[1]], "outputs": [2], "fn_name": "no name"}}, r"fn_name must be a Python name"),
+])
+def test_load_code_jsonl_stdio_errors_name_the_line_and_field(tmp_path, row, message):
+    path = _write(tmp_path / "bad.jsonl", [row])
+    with pytest.raises(DataError, match=r"bad\.jsonl:1: " + ".*" + message):
+        load_code_jsonl(path)
 
 
 def test_load_code_jsonl_field_names_are_configurable(tmp_path):

@@ -23,6 +23,8 @@ import pytest
 
 import sandbox_resource_attacks as attacks
 from rlvr.sandbox import cgroups
+from rlvr.sandbox.uids import holder_pids
+from sandbox_site import readable_site
 from rlvr.sandbox.records import SandboxLimits, sandbox_memory_mb
 
 NOBODY = 65534
@@ -33,7 +35,10 @@ USERS = ["root", "nobody"] if ROOT else ["user"]
 # small sandboxes, so that the budget is small against what the attacks try to hold (2 GB each)
 LIMITS = {"timeout": 6, "cpu_seconds": 1.5, "memory_mb": 96, "file_mb": 8, "processes": 4, "output_kb": 64}
 WORKERS = 4
-GRADER_MB = 200  # the grader process itself (Python and rlvr's sandbox modules) and the page cache it touches
+GRADER_MB = 200
+# without cgroups, a sandbox of more processes than its limit is stopped as "memory" (only a cgroup would bound
+# their memory), a fork bomb or setsid() spinners among them
+STOPPED_WITHOUT_CGROUPS = {"timeout", "memory"}  # the grader process itself (Python and rlvr's sandbox modules) and the page cache it touches
 _names = itertools.count()
 
 
@@ -94,22 +99,25 @@ def _skip_reason(user: str) -> str | None:
 
 
 def _readable_copy(tmp: Path) -> tuple[Path, Path]:
-    """(PYTHONPATH dir, attack script) copied into `tmp`, which uid 65534 can read: a checkout under /root (0700)
-    cannot be read by it, and neither can the venv's pyseccomp; test_sandbox.py copies alike."""
-    where = tmp / "site"
-    if not where.is_dir():
-        import pyseccomp
-
-        shutil.copytree(SRC / "rlvr", where / "rlvr", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "data"))
-        shutil.copy(pyseccomp.__file__, where)
-        shutil.copy(attacks.__file__, where)
-        for path in [where, *where.rglob("*")]:
-            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    """(PYTHONPATH dir, attack script) copied into `tmp`, which uid 65534 can read (tests/sandbox_site.py)."""
+    where = readable_site(tmp / "site", (Path(attacks.__file__),))
     return where, where / Path(attacks.__file__).name
 
 
-def grader(user: str, scenario: str, settings: dict, tmp: Path, limit_mb: int = 8192, wait: bool = True):
-    """Start `scenario` in a grader process as `user`, in a fresh measured cgroup: (Popen, Measured)."""
+# a grader as a second container on the same kernel would run it: its own /run (where sandbox uids were once
+# locked) and /tmp, the same uids
+CONTAINER = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+             'mount -t tmpfs tmpfs /run && exec "$@"', "sh"]
+# a grader that sees every cgroup file system read-only, as a Docker container does by default
+READ_ONLY_CGROUPS = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                     'for m in $(awk \'$3 ~ /^cgroup/ {print $2}\' /proc/self/mounts); do '
+                     'mount -o remount,bind,ro "$m" || exit 9; done; exec "$@"', "sh"]
+
+
+def grader(user: str, scenario: str, settings: dict, tmp: Path, limit_mb: int = 8192, wait: bool = True,
+           within: list[str] = ()):
+    """Start `scenario` in a grader process as `user`, in a fresh measured cgroup (and `within` a wrapper that
+    runs it in namespaces of its own): (Popen, Measured)."""
     tmp.mkdir(parents=True, exist_ok=True)
     os.chmod(tmp, 0o777)
     config = tmp / f"{scenario}-{next(_names)}.json"
@@ -120,6 +128,7 @@ def grader(user: str, scenario: str, settings: dict, tmp: Path, limit_mb: int = 
     argv = [python, str(script), scenario, str(config)]
     if user == "nobody":
         argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
+    argv = [*within, *argv]
     measured = Measured(limit_mb)
     env = {"PATH": settings.get("path", os.environ.get("PATH", "/usr/bin:/bin")), "HOME": str(tmp),
            "PYTHONPATH": str(site), "PYTHONDONTWRITEBYTECODE": "1"}
@@ -137,8 +146,9 @@ def finish(proc: subprocess.Popen, measured: Measured, timeout: float = 120) -> 
         measured.close()
 
 
-def run(user: str, scenario: str, settings: dict, tmp: Path, limit_mb: int = 8192) -> tuple[dict, float]:
-    return finish(*grader(user, scenario, settings, tmp, limit_mb))
+def run(user: str, scenario: str, settings: dict, tmp: Path, limit_mb: int = 8192, within: list[str] = ()
+        ) -> tuple[dict, float]:
+    return finish(*grader(user, scenario, settings, tmp, limit_mb, within=within))
 
 
 @pytest.fixture(params=USERS)
@@ -174,9 +184,9 @@ def test_memory_no_rlimit_counts_stays_within_the_documented_budget(user, tmp_pa
         assert attack["held"] is None or int(attack["held"]) < sandbox_memory_mb(SandboxLimits(**LIMITS)), name
     # the kinds of memory no process's address space counts are refused outright
     for name in ("sysv_shared_memory", "sysv_shared_memory_2", "sysv_message_queues", "posix_message_queues",
-                 "memfd_files", "loopback_socket_buffers", "posix_timers"):
+                 "memfd_files", "loopback_socket_buffers", "posix_timers", "aio_contexts", "inotify_instances"):
         assert report["attacks"][name]["held"] == "0", (name, report["attacks"][name])
-    assert int(report["attacks"]["tmpfs_files"]["held"]) <= 2 * LIMITS["file_mb"]
+    assert int(report["attacks"]["tmpfs_files"]["held"]) <= 3 * LIMITS["file_mb"]  # /work and /dev/shm
     assert report["attacks"]["tmpfs_inodes"]["status"] == "memory"  # past one file per KB of its tmpfs
     assert int(report["attacks"]["big_pipes_in_children"]["held"]) <= 3 * 64 * 64 // 1024  # 64 KB pipes only
     expected = "cgroup v" if user == "root" and cgroups.in_force() else "no cgroups"  # v1 here and in CI
@@ -208,7 +218,86 @@ def test_a_verdict_does_not_depend_on_what_runs_beside_it(user, tmp_path):
         assert all(r["status"] == "ok" and r["value"] == want for r in honest.values()), report
     statuses = {n: r["status"] for n, r in attacked["results"].items() if not n.startswith("honest")}
     assert set(statuses) == {"fork_bomb", "setsid_spinners", "setsid_spinners_2", "spinning_threads"}
-    assert set(statuses.values()) == {"timeout"}
+    assert set(statuses.values()) == {"timeout"} or (user != "root" and set(statuses.values()) <= STOPPED_WITHOUT_CGROUPS)
+
+
+def test_a_program_starved_by_another_graders_spinners_is_not_timed_out(user, tmp_path):
+    """Another grader process keeps 8 sandboxes spinning on this 2-core machine (each its own CPU share) while
+    honest programs that need about half their CPU budget (~1 s of 2) are graded with a wall-clock cap of 2.5 s:
+    they get a fifth of a core or less, so they run past the cap. A wall clock that counted the time they waited
+    for a CPU would time them out (the grader before issue 64 did, on this machine with these settings: both
+    "wall-clock limit" at 2.6 s, where this one answered both at 3.2-3.4 s); here every one gets its answer."""
+    ready = tmp_path / "ready"
+    ready.mkdir(parents=True)
+    os.chmod(ready, 0o777)
+    limits = {**LIMITS, "processes": 8, "cpu_seconds": 2, "timeout": 2.5}
+    spinning = grader(user, "neighbours", {"limits": {**limits, "timeout": 60}, "workers": 8, "attack": "spin",
+                                           "spinners": 8, "honest": 0, "ready": str(ready / "a")}, tmp_path)
+    n = attacks.HONEST_N * 3 // 4
+    honest = grader(user, "neighbours", {"limits": limits, "workers": 2, "attack": False, "honest": 2, "n": n,
+                                         "ready": str(ready / "b"), "delay": 0.5}, tmp_path)
+    report = finish(*honest)[0]
+    finish(*spinning)
+    want = str(attacks.honest_answer(n))
+    assert all(r["status"] == "ok" and r["value"] == want for r in report["results"].values()), report
+
+
+def test_sandbox_uids_are_unique_across_containers(tmp_path):
+    """Two graders as two containers on one kernel (each its own /run and /tmp, where lock files would not meet):
+    the one grades a fork bomb and spinners, the other honest programs. Their uids are disjoint (the kernel's
+    count of a uid's processes decides, host-wide), so the fork bomb takes no process slot of the other's."""
+    if not ROOT:
+        pytest.skip("sandbox uids are root's (an ordinary user's sandboxes each get a user namespace)")
+    ready = tmp_path / "ready"
+    ready.mkdir(parents=True)
+    os.chmod(ready, 0o777)
+    common = {"limits": {**LIMITS, "processes": 8, "cpu_seconds": 2, "timeout": 5}, "workers": WORKERS}
+    first = grader("root", "neighbours", {**common, "attack": True, "honest": 2, "ready": str(ready / "a")}, tmp_path,
+                   within=CONTAINER)
+    second = grader("root", "neighbours", {**common, "attack": False, "honest": 4, "ready": str(ready / "b"),
+                                           "delay": 0.3}, tmp_path, within=CONTAINER)
+    attacked, quiet = finish(*first)[0], finish(*second)[0]
+    assert attacked["uids"] and quiet["uids"] and not set(attacked["uids"]) & set(quiet["uids"])
+    want = str(attacks.honest_answer())
+    for report in (attacked, quiet):
+        honest = {n: r for n, r in report["results"].items() if n.startswith("honest")}
+        assert all(r["status"] == "ok" and r["value"] == want for r in honest.values()), report
+
+
+def test_a_read_only_cgroupfs_is_a_weaker_mode_named_in_every_grading_metric(tmp_path):
+    if not ROOT or not cgroups.in_force():
+        pytest.skip("needs root where cgroups are in force, to take them away")
+    report, _ = run("root", "weaker", {"limits": LIMITS}, tmp_path, within=READ_ONLY_CGROUPS)
+    assert report["bounds"].startswith("no cgroups (cannot make a cgroup below") and "Read-only" in report["bounds"]
+    assert any("no cgroups here, a weaker mode" in line and "grading/code_no_cgroups" in line for line in report["log"])
+    assert report["verdicts"] == [[1, 1], [0, 1]]
+    assert report["counts"]["programs"] == report["counts"]["no_cgroups"] == 2
+
+
+def test_a_user_whose_pipe_pages_are_spent_still_gets_every_answer(user, tmp_path):
+    """Five sandboxes hold every pipe their processes may open: as an ordinary user, past the user's pipe budget
+    (fs.pipe-user-pages-soft), so that every new pipe of the user, the grader's too, gets the kernel's minimum (two
+    pages, not sixteen). Honest
+    programs beside them, which send the judge 200 KB, all get their answer: nothing is written to a pipe before
+    its reader exists (the job, the seccomp filter: memfds)."""
+    limits = {**LIMITS, "processes": 12, "cpu_seconds": 2, "timeout": 20, "wait_seconds": 6}
+    report, _ = run(user, "pipes", {"limits": limits, "workers": 7, "hogs": 5, "honest": 4}, tmp_path)
+    from rlvr.sandbox import read_value
+
+    assert report["statuses"][5:] == ["ok"] * 4, report
+    sizes = [read_value(value)[0] for value in report["values"]]
+    assert all(read_value(value)[1] == "x" * 200_000 for value in report["values"])
+    if user == "nobody":  # the budget was spent: the honest programs' own pipes had their minimum, not 64 KB
+        assert max(sizes) < 65536, sizes
+
+
+def test_a_program_that_waits_is_stopped_at_its_waiting_bound(user, tmp_path):
+    """Sleeping, deadlocked, waiting on an event or on a sleeping child: each is stopped once it has waited
+    `wait_seconds` (1 s here), not at the wall-clock cap (30 s here), whose reason would say so."""
+    limits = {**LIMITS, "cpu_seconds": 2, "timeout": 30, "wait_seconds": 1}
+    report, _ = run(user, "waiting", {"limits": limits, "workers": WORKERS}, tmp_path)
+    for name, result in report.items():
+        assert result["status"] == "timeout" and result["error"].startswith("waited "), (name, result)
 
 
 def test_sandbox_uids_are_unique_across_grader_processes(tmp_path):
@@ -230,7 +319,8 @@ def test_nothing_a_timed_out_sandbox_left_outlives_it(user, tmp_path):
     moment grading returns, no process is left below it (no zombie child either) and none runs as a sandbox
     uid it holds: a uid returns to the pool only with its processes gone."""
     report, _ = run(user, "leftovers", {"limits": {**LIMITS, "timeout": 3}, "workers": WORKERS}, tmp_path)
-    assert set(report["statuses"].values()) == {"timeout"}, report
+    assert set(report["statuses"].values()) == {"timeout"} or (
+        user != "root" and set(report["statuses"].values()) <= STOPPED_WITHOUT_CGROUPS), report
     assert report["below"] == [] and report["sandbox_uid_processes"] == [], report
     assert len(report["uids"]) == (WORKERS if user == "root" else 0)
 
@@ -238,7 +328,8 @@ def test_nothing_a_timed_out_sandbox_left_outlives_it(user, tmp_path):
 NOOP_BWRAP = """#!/usr/bin/env python3
 # bubblewrap's interface without its isolation: the fds it is given are honoured, nothing else is
 import json, os, sys, tempfile
-args, i, block, info, keep = sys.argv[1:], 0, None, None, {}
+args, i, block, info = sys.argv[1:], 0, None, None
+home = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(__file__)))
 while i < len(args) and args[i].startswith("--"):
     name = args[i]
     takes = {"--info-fd": 1, "--block-fd": 1, "--seccomp": 1, "--ro-bind-data": 2, "--ro-bind": 2, "--bind": 2,
@@ -246,15 +337,14 @@ while i < len(args) and args[i].startswith("--"):
              "--proc": 1, "--dev": 1, "--remount-ro": 1, "--chdir": 1, "--hostname": 1, "--cap-add": 1,
              "--cap-drop": 1}.get(name, 0)
     values = args[i + 1:i + 1 + takes]
-    if name == "--ro-bind-data":
-        fd, path = tempfile.mkstemp(suffix=".py", dir=os.path.dirname(os.path.abspath(__file__)))
-        with os.fdopen(fd, "wb") as f:
-            f.write(os.read(int(values[0]), 1 << 22))
-        keep[values[1]] = path
+    if name == "--ro-bind" and values[1].startswith("/rlvr/"):  # the harness's package, the sandbox's packages
+        where = os.path.join(home, values[1][len("/rlvr/"):])
+        os.makedirs(os.path.dirname(where), exist_ok=True)
+        os.symlink(values[0], where)
     info = int(values[0]) if name == "--info-fd" else info
     block = int(values[0]) if name == "--block-fd" else block
     i += 1 + takes
-command = [keep.get(a, a) for a in args[i:]]
+command = [a.replace("'/rlvr", repr(home)[:-1]) for a in args[i:]]
 pid = os.fork()
 if pid == 0:
     os.read(block, 1)
@@ -294,7 +384,8 @@ def test_the_configs_timeout_is_cpu_time_with_a_wall_cap_and_the_log_says_what_b
         limits = sandbox.settings().limits
         assert (limits.cpu_seconds, limits.timeout) == (2, 6)
         line = next(r.getMessage() for r in caplog.records if "bounded by" in r.getMessage())
-        assert "2 s of CPU each (all its processes together; a wall-clock cap of 6 s)" in line
+        assert ("2 s of CPU each (all its processes together; 2 s of waiting; a wall-clock cap of 6 s while not "
+                "starved)") in line
         assert ("bounded by cgroup v" if cgroups.in_force() else "bounded by no cgroups") in line
     finally:
         sandbox._settings = saved
@@ -330,7 +421,7 @@ def test_a_cgroup_v2_hierarchy_is_used_as_v1_is(tmp_path, monkeypatch):
     where = Path(group.dirs["memory"])
     assert where.parent == own and where.name.startswith(f"rlvr-sandbox-{os.getpid()}-")
     assert (where / "memory.max").read_text() == str(sandbox_memory_mb(limits) << 20)  # 656 MB
-    assert (where / "memory.swap.max").read_text() == "0" and (where / "pids.max").read_text() == "4"
+    assert (where / "memory.swap.max").read_text() == "0" and (where / "pids.max").read_text() == "20"  # 4 + 16 threads
     assert group.cpu_seconds() == 2.5 and group.oom_killed()
     group.add(4242)
     assert (where / "cgroup.procs").read_text() == "4242"
@@ -338,7 +429,8 @@ def test_a_cgroup_v2_hierarchy_is_used_as_v1_is(tmp_path, monkeypatch):
 
 def test_a_sandbox_its_cgroup_cannot_take_never_runs(monkeypatch):
     """Fail closed: where cgroups are in force and the judge cannot be put in its group, the program never
-    starts (it would run without its bounds); the sandbox is stopped, nothing of it is left."""
+    starts (it would run without its bounds); the sandbox is stopped, nothing of it is left, and grading stops
+    with the reason (SandboxError): the program is not scored 0 for rlvr's failure."""
     if not cgroups.in_force():
         pytest.skip("cgroups are not in force here")
     import rlvr.sandbox as sandbox
@@ -353,10 +445,10 @@ def test_a_sandbox_its_cgroup_cannot_take_never_runs(monkeypatch):
     before = set(_children())
     monkeypatch.setattr(cgroups.Group, "add", refuse)
     marker = f"/tmp/rlvr-ran-{os.getpid()}"
-    result = sandbox.run_program(Job(f"open({marker!r}, 'w').close()\ndef f():\n    return 1\n", (Check("f()"),)))
-    assert result.status == "crashed" and "could not put the sandbox in its cgroup" in result.error
-    assert result.values == [None] and not os.path.exists(marker)  # /tmp is not the sandbox's: a second guard
-    assert not set(_children()) - before  # bubblewrap reaped, and its judge by it
+    with pytest.raises(sandbox.SandboxError, match=r"could not put the sandbox in its cgroup \(\[Errno 28\]"):
+        sandbox.run_program(Job(f"open({marker!r}, 'w').close()\ndef f():\n    return 1\n", (Check("f()"),)))
+    assert not os.path.exists(marker)  # /tmp is not the sandbox's: a second guard
+    assert not set(_children()) - before - set(holder_pids())  # bubblewrap reaped, and its judge by it
 
 
 def _children() -> list[int]:

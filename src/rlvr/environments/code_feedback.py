@@ -15,7 +15,6 @@ from __future__ import annotations
 from rlvr.environments.base import Environment, Observation, register_environment
 from rlvr.grading.code import CodeTestsError, extract_code, parse_tests, passed
 from rlvr.sandbox import run_programs
-from rlvr.sandbox.records import Job
 from rlvr.tasks.prompts import CODE_STOP
 
 SHOWN_CHARS = 300  # of a value or an error in the feedback
@@ -51,19 +50,22 @@ class CodeFeedbackEnv(Environment):
             return UNTESTABLE
         if program is None:
             return "No complete ```python block was found. Write the whole program in one block."
-        result = run_programs([Job(program, tests.checks)], workers=1)[0]
+        result = run_programs([tests.job(program)], workers=1, checks=[tests.count])[0]
         if result.status != "ok":
             why = result.error or result.status
             tail = _short(result.stderr.strip().splitlines()[-1]) if result.stderr.strip() else ""
             return f"The program did not run to the end ({why}{': ' + tail if tail else ''})."
-        ok = passed(tests, result.values)
-        if all(ok):
+        ok = passed(result)
+        if ok and all(ok):
             return None
-        i = ok.index(False)
-        check, got, error = tests.checks[i], result.values[i], result.errors[i]
-        gave = f"raised {error}" if error else f"gave {_short(got)}"
-        want = "" if check.kind == "true" else f", expected {_short(repr(tests.expected[i]))}"
-        return f"A test failed: {_short(check.expr)} {gave}{want}."
+        i = ok.index(False) if False in ok else 0
+        error = result.errors[i] if i < len(result.errors) else None
+        reason = result.reasons[i] if i < len(result.reasons) else ""
+        if tests.runner != "script":  # pytest's and unittest's reasons name the test
+            return f"A test failed: {_short(reason or tests.label(i))}."
+        if error and error != "AssertionError":
+            return f"A test failed: {_short(tests.label(i))} raised {error}{': ' + _short(reason) if reason else ''}."
+        return f"A test failed: {_short(reason or tests.label(i))}."
 
     def step(self, text: str, ids: list[int]) -> Observation:
         message = self.feedback(extract_code(text)[1])

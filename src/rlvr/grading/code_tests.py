@@ -1,34 +1,33 @@
-"""How a code ground truth's tests are read into the judge's checks: as pytest or plain Python would run them.
+"""How a code ground truth's tests run: with the runner they were written for, as that runner decides.
 
-The ground truth is `{"entry_point": ..., "tests": [<Python source>, ...]}` (`rlvr.tasks.code.code_answer`).
-Its sources are one test file, run in order in one namespace, as a script runs:
+The ground truth is `{"entry_point": ..., "tests": [<Python source>, ...]}` (`rlvr.tasks.code.code_answer`), or
+`{"stdio": [[stdin, stdout], ...], "compare": ...}` for a program that reads its input and prints its answer
+(`rlvr.tasks.code.stdio_answer`). Its sources are one test file; the runner is chosen from what it holds:
 
-* every top-level statement runs, in order. A top-level `assert` is a check; so is any other top-level
-  statement holding an assert (a loop of asserts) or calling a function of the file that asserts (a helper
-  call, `check(f)`): it passes when it completes. Other statements (imports, helpers, constants, setup) run
-  before the check that follows them; one that raises stops the file, and every check after it fails.
-* then, as pytest collects them, each `test*` function (in the order defined), each `test*` method of a
-  `Test*` class (a fresh instance each) or of a unittest.TestCase (`TestCase(name).debug()`: setUp, the
-  test, tearDown), and HumanEval's `check(<entry point>)` unless the file calls `check` itself. So helpers
-  and constants the file defines below its test functions exist when they run.
-* statements after the last check that do something (a call) are one more check, so they run too.
+* "pytest" (run by pytest itself in the judge, `rlvr.sandbox.inside.pytest_runner`): a file that defines
+  `test*` functions or `Test*` classes: KodCode's rows, fixtures, parametrize, marks, xunit setup and teardown
+  at every level, classes; also a file that mixes those with unittest TestCases.
+* "unittest" (unittest's own loader and suite): a file whose tests are TestCases only, trailer
+  `unittest.main()` or not.
+* "script" (`rlvr.grading.code_script`): asserts and statements, HumanEval's `check(candidate)` (pytest's
+  helpers, `pytest.approx`, may be used in them).
+* "stdio": the program run as a script on each input, its output compared by `compare`: "exact" (the same
+  text), "whitespace" (the default: the same whitespace-separated tokens) or "float" (those tokens, numbers
+  equal within 1e-6 absolute or relative to the expected).
 
-`assert <expr> == <literal>` (either side; also `is None/True/False`, `not <expr>`) sends `<expr>`'s value
-back and compares it here (`rlvr.grading.values`): the literal never enters the sandbox. Any other check is
-decided in the judge on its own plain values.
+The namespace, before the file's first statement (the judge's `bind`): the program's top-level names except a
+builtin's, a standard module's, a name the test runners read (`test*`, `Test*`, `setUpModule`, `load_tests`,
+...) or a name the file binds itself (those stay the file's: a constant defined below a test cannot be the
+program's, nor can `from solution import *` replace it unless the file asks the program for that name, `from
+solution import name`); the task's entry point, always, even when named like a builtin (`max`), and a program
+without it fails every check; and the real standard module for every standard module name the file uses
+without importing it (MBPP tests that call `math.isclose` on the solution's import get `math`, not whatever
+the program bound to that name).
 
-The namespace, before the file's first statement (`__rlvr_bind__`, the judge's): the program's top-level
-names except a builtin's, a standard module's or a name the file binds itself (those stay the file's: a
-constant defined below a test cannot be the program's, nor can `from solution import *` replace it unless
-the file asks the program for that name, `from solution import name`); the task's entry point, always, even
-when named like a builtin (`max`), and a program without it fails every check; and the real standard module
-for every standard module name the file uses without importing it (MBPP tests that call `math.isclose` on
-the solution's import get `math`, not whatever the program bound to that name).
-
-Refused here, with the reason (`CodeTestsError`; a data set is refused when it loads): no check at all; a
-function holding asserts that nothing calls (its checks would never run); a test function that takes
-arguments (pytest fixtures, parametrize); an import of anything but the standard library and the
-program's module (`solution`), such as pytest; a relative import.
+Refused here, with the reason (`CodeTestsError`; a data set is refused when it loads): no test at all; a
+function holding asserts that nothing calls; a test that is a coroutine or a generator, or in a class with an
+`__init__` (pytest fails or skips it for every program); an import of anything but the standard library, the program's module (`solution`) and the
+packages a sandbox gets (pytest, numpy where the grader has it); a relative import.
 """
 
 from __future__ import annotations
@@ -41,21 +40,17 @@ import symtable
 import sys
 from functools import lru_cache
 
-from rlvr.grading.values import canonical
-from rlvr.sandbox.records import Check
+from rlvr.grading.code_script import ScriptError, script_checks, walk_here
+from rlvr.sandbox import launch
+from rlvr.sandbox.records import Check, Job
 
 MODULE = "solution"  # the program's module name in the tests (`from solution import f`): Job's default
-BIND = "__rlvr_bind__"  # the judge's binding call (rlvr.sandbox.harness), the first thing a test file runs
-FALSY = object()  # expected: any falsy value (`assert not f(x)`)
+BIND = "__rlvr_bind__"  # the judge's binding call (rlvr.sandbox.inside.harness), the first thing a script runs
 STDLIB = frozenset(n for n in sys.stdlib_module_names if not n.startswith("_"))
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
-
-
-@dataclasses.dataclass(frozen=True)
-class Is:
-    """Expected: this very singleton (`assert f(x) is None`), not merely an equal value (1 == True)."""
-
-    value: object
+COMPARES = ("exact", "whitespace", "float")
+_MOCKS = ("mock", "monkeypatch", "patch")
+# what a test file looks at besides the program's output, by the words that look at it
+_FORWARD = {"warnings": ("warn", "recwarn"), "logging": ("caplog", "assertLogs", "assertNoLogs", "logging")}
 
 
 class CodeTestsError(ValueError):
@@ -64,151 +59,31 @@ class CodeTestsError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class CodeTests:
-    """A ground truth read for the sandbox: the checks it runs and what each must equal (kept outside)."""
+    """A ground truth read for the sandbox: the runner, what it runs, and how many checks to expect (pytest
+    counts its own items; this is its estimate, in case the sandbox ends first)."""
 
-    checks: tuple[Check, ...]
-    expected: tuple  # per check: a literal, FALSY, Is(singleton), or True for kinds "true" and "run"
+    runner: str
+    checks: tuple[Check, ...] = ()  # "script": the checks, in order
+    source: str = ""  # "pytest", "unittest": the test file
+    cases: tuple = ()  # "stdio": (stdin, expected stdout) pairs
+    compare: str = "whitespace"
     entry_point: str | None = None
-    spellings: tuple = ()  # per check: the canonical spelling of its expected literal (rlvr.grading.values)
+    bind: tuple = ()  # (name, value) pairs for the judge's bind()
+    patches: bool = False  # the tests may patch what the program uses (mock, monkeypatch)
+    count: int = 1
+    forward: tuple = ()  # what the tests look at besides the output: "warnings", "logging"
 
+    def job(self, program: str) -> Job:
+        return Job(program, self.checks, MODULE, self.runner, self.source, self.cases, self.compare, self.bind,
+                   self.patches, self.forward)
 
-def _literal(node: ast.AST):
-    """(True, value) when `node` is a Python literal (numbers, strings, containers, None, -1), else (False, None)."""
-    try:
-        return True, ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False, None
-
-
-def _assert_check(test: ast.expr, setup: str) -> tuple[Check, object]:
-    if isinstance(test, ast.Compare) and len(test.ops) == 1:
-        op, left, right = test.ops[0], test.left, test.comparators[0]
-        if isinstance(op, ast.Eq):
-            is_lit, value = _literal(right)
-            if not is_lit:
-                is_lit, value = _literal(left)
-                left = right
-            if is_lit:
-                return Check(ast.unparse(left), "value", setup), value
-        if isinstance(op, ast.Is) and isinstance(right, ast.Constant) and right.value in (None, True, False):
-            return Check(ast.unparse(left), "value", setup), Is(right.value)
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return Check(ast.unparse(test.operand), "value", setup), FALSY
-    return Check(ast.unparse(test), "true", setup), True
-
-
-def _walk_here(node: ast.AST):
-    """The nodes of `node` that run when it runs: not the bodies of the functions and classes it defines."""
-    todo = [node]
-    while todo:
-        current = todo.pop()
-        yield current
-        for child in ast.iter_child_nodes(current):
-            if isinstance(child, _SCOPES):
-                todo.extend(child.decorator_list if not isinstance(child, ast.Lambda) else [])
-                todo.extend(getattr(child.args, "defaults", []) if hasattr(child, "args") else [])
-            else:
-                todo.append(child)
-
-
-def _called_names(node: ast.AST) -> set[str]:
-    return {n.func.id for n in _walk_here(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-
-
-class _File:
-    """One test source, read: its functions that assert, what it collects, what it refuses."""
-
-    def __init__(self, tree: ast.Module, entry: str | None):
-        self.tree, self.entry = tree, entry
-        functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-        # functions of the file that assert, directly or through another of them
-        self.asserting = {name for name, fn in functions.items() if any(isinstance(n, ast.Assert) for n in ast.walk(fn))}
-        grew = True
-        while grew:
-            grew = False
-            for name, fn in functions.items():
-                if name not in self.asserting and self.asserting & {
-                        n.func.id for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}:
-                    self.asserting.add(name)
-                    grew = True
-        self.ends: list[str] = []  # the calls pytest makes after the module ran
-        self.collected: set[str] = set()  # the functions and methods those calls run
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
-                _no_fixtures(node, node.name)
-                if node.name not in self.collected:
-                    self.collected.add(node.name)
-                    self.ends.append(f"{node.name}()")
-            elif isinstance(node, ast.ClassDef):
-                calls, methods = _class_tests(node)
-                self.ends += calls
-                self.collected |= methods
-        called_at_top = set().union(*(_called_names(n) for n in tree.body)) if tree.body else set()
-        check = functions.get("check")
-        if check is not None and entry and "check" not in called_at_top:
-            self.ends.append(f"check({entry})" if check.args.args else "check()")
-            self.collected.add("check")
-        # what the file names anywhere (a call, a reference, an attribute): a function it names may run
-        self.named = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-        self.named |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-        # every function or method whose own body asserts
-        self.asserts_in = [n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                           and any(isinstance(m, ast.Assert) for m in _walk_here_body(n))]
-        self._refuse_imports()
-
-    def is_check(self, node: ast.stmt) -> bool:
-        """A top-level statement other than an assert that checks something when it runs."""
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)):
-            return False
-        return any(isinstance(n, ast.Assert) for n in _walk_here(node)) or bool(_called_names(node) & self.asserting)
-
-    def _refuse_imports(self):
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                raise CodeTestsError("a relative import in the tests (import the program as `solution`)")
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-            for name in names:
-                top = name.split(".")[0]
-                if top != MODULE and top not in STDLIB:
-                    raise CodeTestsError(f"the tests import {top!r}, which the sandbox does not have (the standard "
-                                         f"library and the program, as {MODULE!r}, only)")
-
-
-def _walk_here_body(fn: ast.AST):
-    for statement in fn.body:
-        yield from _walk_here(statement)
-
-
-def _no_fixtures(fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str, method: bool = False):
-    args = fn.args
-    positional = args.posonlyargs + args.args
-    required = len(positional) - len(args.defaults) - (1 if method else 0)
-    required += sum(d is None for d in args.kw_defaults)
-    if required > 0:
-        raise CodeTestsError(f"the test {name}() takes arguments (pytest fixtures or parametrize), which the judge "
-                             "cannot supply")
-    if isinstance(fn, ast.AsyncFunctionDef):
-        raise CodeTestsError(f"the test {name}() is a coroutine, which nothing would await")
-
-
-def _class_tests(node: ast.ClassDef) -> tuple[list[str], set[str]]:
-    """The calls pytest makes for a test class (a unittest.TestCase subclass, of any name, or a class named
-    Test* without an __init__), and the methods they run."""
-    unittest = any((isinstance(b, ast.Name) and b.id == "TestCase") or (isinstance(b, ast.Attribute)
-                   and b.attr == "TestCase") for b in node.bases)
-    methods = [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    if not unittest and (not node.name.startswith("Test") or any(m.name == "__init__" for m in methods)):
-        return [], set()
-    calls, seen = [], set()
-    for method in methods:
-        if method.name.startswith("test") and method.name not in seen:
-            seen.add(method.name)
-            _no_fixtures(method, f"{node.name}.{method.name}", method=True)
-            calls.append(f"{node.name}({method.name!r}).debug()" if unittest else f"{node.name}().{method.name}()")
-    if unittest and calls:
-        calls[0] = f"{node.name}.setUpClass()\n{calls[0]}"
-    return calls, seen
+    def label(self, i: int) -> str:
+        """What check `i` is, in the tests' terms (the reasons the judge gives name pytest's and unittest's)."""
+        if self.runner == "script" and i < len(self.checks):
+            return self.checks[i].label or self.checks[i].expr
+        if self.runner == "stdio" and i < len(self.cases):
+            return f"input {i + 1}"
+        return f"test {i + 1}"
 
 
 def _names(source: str) -> tuple[set[str], set[str]]:
@@ -241,85 +116,161 @@ def _asked_of_the_program(tree: ast.Module) -> set[str]:
     return asked - {"*"}
 
 
-def _prelude(entry: str | None, bound: set[str], read: set[str], asked: set[str]) -> str:
-    import builtins
+def _imports(tree: ast.Module) -> set[str]:
+    """The top-level packages the file imports; refuses a relative import and one the sandbox does not have."""
+    sandbox = {name for name, _ in launch.packages()}
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            raise CodeTestsError("a relative import in the tests (import the program as `solution`)")
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        for name in names:
+            top = name.split(".")[0]
+            if top != MODULE and top not in STDLIB and top not in sandbox:
+                raise CodeTestsError(f"the tests import {top!r}, which the sandbox does not have (the standard "
+                                     f"library, the program as {MODULE!r}, and {', '.join(sorted(sandbox))})")
+            found.add(top)
+    return found
 
-    modules = sorted(n for n in read - bound if n in STDLIB and n != entry and not hasattr(builtins, n))
-    return (f"{BIND}(entry_point={entry!r}, modules={modules!r}, test_names={sorted(bound)!r}, "
-            f"asked={sorted(asked & bound)!r})")
+
+def _runner(trees: list[ast.Module]) -> str:
+    tests = cases = False
+    for tree in trees:
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+                tests = True
+            elif isinstance(node, ast.ClassDef):
+                if any((isinstance(b, ast.Name) and b.id in ("TestCase", "IsolatedAsyncioTestCase")) or
+                       (isinstance(b, ast.Attribute) and b.attr in ("TestCase", "IsolatedAsyncioTestCase"))
+                       for b in node.bases):
+                    cases = True
+                elif node.name.startswith("Test"):
+                    tests = True
+    if tests:
+        return "pytest"
+    return "unittest" if cases else "script"
 
 
-def _spec(ground_truth: str) -> tuple[str | None, list[str]]:
+def _refuse_unrunnable(tree: ast.Module):
+    """Tests pytest fails for every program: coroutines (no plugin awaits them) and generators (yield tests)."""
+    def tests_in(body, prefix=""):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+                yield prefix + node.name, node
+            elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+                yield from tests_in(node.body, node.name + ".")
+
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name.startswith("Test") and any(
+                isinstance(m, ast.FunctionDef) and m.name == "__init__" for m in node.body) and not any(
+                "TestCase" in ast.unparse(b) for b in node.bases):
+            raise CodeTestsError(f"the tests in {node.name} never run: pytest does not collect a class with an "
+                                 "__init__")
+    for name, fn in tests_in(tree.body):
+        if any(isinstance(d, (ast.Name, ast.Attribute, ast.Call)) and "fixture" in ast.unparse(d) for d in fn.decorator_list):
+            continue
+        if isinstance(fn, ast.AsyncFunctionDef):
+            raise CodeTestsError(f"the test {name}() is a coroutine, which nothing would await")
+        if any(isinstance(n, (ast.Yield, ast.YieldFrom)) for statement in fn.body for n in walk_here(statement)):
+            raise CodeTestsError(f"the test {name}() is a generator (a yield test), which pytest refuses")
+
+
+def _estimate(trees: list[ast.Module]) -> int:
+    count = 0
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+                cases = 1
+                for d in node.decorator_list:
+                    if isinstance(d, ast.Call) and "parametrize" in ast.unparse(d.func) and len(d.args) >= 2 \
+                            and isinstance(d.args[1], (ast.List, ast.Tuple)):
+                        cases *= max(1, len(d.args[1].elts))
+                count += cases
+    return max(1, count)
+
+
+def _spec(ground_truth: str) -> dict:
     try:
         spec = json.loads(ground_truth)
     except (ValueError, TypeError):
         raise CodeTestsError(f"not a code test specification (JSON with 'tests'): {str(ground_truth)[:80]!r}") from None
-    if not isinstance(spec, dict) or not isinstance(spec.get("tests"), list) or not spec["tests"]:
-        raise CodeTestsError(f"a code ground truth needs a non-empty 'tests' list: {str(ground_truth)[:80]!r}")
+    if not isinstance(spec, dict):
+        raise CodeTestsError(f"not a code test specification (JSON with 'tests'): {str(ground_truth)[:80]!r}")
     entry = spec.get("entry_point")
     if entry is not None and not (isinstance(entry, str) and entry.isidentifier() and not keyword.iskeyword(entry)
                                   and not entry.startswith("__")):
         raise CodeTestsError(f"the entry point must be a Python name; got {entry!r}")
-    return entry, [str(source) for source in spec["tests"]]
+    return spec
+
+
+def _stdio(spec: dict) -> CodeTests:
+    cases = spec.get("stdio")
+    if not isinstance(cases, list) or not cases or not all(
+            isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c) for c in cases):
+        raise CodeTestsError("a stdin/stdout ground truth needs a non-empty 'stdio' list of [stdin, stdout] pairs")
+    compare = spec.get("compare", "whitespace")
+    if compare not in COMPARES:
+        raise CodeTestsError(f"compare must be one of {', '.join(COMPARES)}; got {compare!r}")
+    return CodeTests("stdio", cases=tuple((a, b) for a, b in cases), compare=compare, count=len(cases))
 
 
 @lru_cache(maxsize=4096)
 def parse_tests(ground_truth: str) -> CodeTests:
-    """The checks of a code ground truth, in the order they run (see the module docstring).
+    """How a code ground truth's tests run (see the module docstring).
 
     >>> t = parse_tests('{"entry_point": "f", "tests": ["assert f(2) == 4", "assert not f(0)"]}')
-    >>> [(c.expr, c.kind) for c in t.checks], t.expected[0]
-    ([('f(2)', 'value'), ('f(0)', 'value')], 4)
+    >>> t.runner, [c.kind for c in t.checks], t.count
+    ('script', ['run', 'run'], 2)
+    >>> parse_tests('{"entry_point": "f", "tests": ["def test_f():\\\\n    assert f(2) == 4"]}').runner
+    'pytest'
     """
-    entry, sources = _spec(ground_truth)
-    checks: list[Check] = []
-    expected: list = []
-    bound: set[str] = set()
-    read: set[str] = set()
-    asked: set[str] = set()
-    pending: list[str] = []  # statements that run before the next check
-    files: list[_File] = []
-
-    def add(check: Check, want):
-        checks.append(check)
-        expected.append(want)
-        pending.clear()
-
+    spec = _spec(ground_truth)
+    if "stdio" in spec:
+        return _stdio(spec)
+    entry, sources = spec.get("entry_point"), spec.get("tests")
+    if not isinstance(sources, list) or not sources:
+        raise CodeTestsError(f"a code ground truth needs a non-empty 'tests' list: {str(ground_truth)[:80]!r}")
+    sources = [str(source) for source in sources]
+    trees, bound, read, asked = [], set(), set(), set()
     for source in sources:
         try:
             tree = ast.parse(source)
         except (SyntaxError, ValueError, MemoryError, RecursionError) as err:
             raise CodeTestsError(f"a test is not valid Python ({getattr(err, 'msg', err)}): {source[:80]!r}") from None
+        try:
+            _imports(tree)
+            _refuse_unrunnable(tree)
+        except CodeTestsError as err:
+            raise CodeTestsError(f"{err}: {source[:80]!r}") from None
         names = _names(source)
         bound |= names[0]
         read |= names[1]
         asked |= _asked_of_the_program(tree)
-        try:
-            reading = _File(tree, entry)
-        except CodeTestsError as err:
-            raise CodeTestsError(f"{err}: {source[:80]!r}") from None
-        files.append(reading)
-        for node in tree.body:
-            if isinstance(node, ast.Assert):
-                add(*_assert_check(node.test, "\n".join(pending)))
-            elif reading.is_check(node):
-                add(Check(ast.unparse(node), "run", "\n".join(pending)), True)
-            else:
-                pending.append(ast.unparse(node))
-        for call in reading.ends:
-            add(Check(call, "run", "\n".join(pending)), True)
-    named = set().union(*(f.named for f in files))
-    for reading in files:
-        for name in reading.asserts_in:
-            if name not in reading.collected and name not in named:
-                raise CodeTestsError(f"the asserts in {name}() never run: nothing calls it (pytest runs functions "
-                                     "named test*; HumanEval's check needs an entry point)")
-    if not checks:
-        raise CodeTestsError(f"no assert statement or test function in the tests: {ground_truth[:80]!r}")
-    if pending and any(isinstance(n, ast.Call) for n in ast.walk(ast.parse("\n".join(pending)))):
-        add(Check("\n".join(pending), "run"), True)  # the file's last statements must run too
-    first = checks[0]
-    checks[0] = dataclasses.replace(first, setup="\n".join(filter(None, [_prelude(entry, bound, read, asked), first.setup])))
-    spellings = tuple(canonical(want) if check.kind == "value" and want is not FALSY and not isinstance(want, Is)
-                      else None for check, want in zip(checks, expected))
-    return CodeTests(tuple(checks), tuple(expected), entry, spellings)
+        trees.append(tree)
+    import builtins
+
+    available = STDLIB | {name for name, _ in launch.packages()}
+    modules = sorted(n for n in read - bound if n in available and n != entry and not hasattr(builtins, n))
+    bind = {"entry_point": entry, "modules": modules, "test_names": sorted(bound), "asked": sorted(asked & bound)}
+    text = "\n".join(sources)
+    patches = any(word in text for word in _MOCKS)
+    forward = tuple(what for what, words in _FORWARD.items() if any(word in text for word in words))
+    runner = _runner(trees)
+    if runner != "script":
+        return CodeTests(runner, source="\n\n".join(sources), entry_point=entry, bind=tuple(bind.items()),
+                         patches=patches, count=_estimate(trees) if runner == "pytest" else _count_cases(trees),
+                         forward=forward)
+    try:
+        checks = script_checks(trees, entry)
+    except ScriptError as err:
+        raise CodeTestsError(f"{err}: {ground_truth[:80]!r}") from None
+    prelude = f"{BIND}(" + ", ".join(f"{k}={v!r}" for k, v in bind.items()) + ")"
+    checks[0] = dataclasses.replace(checks[0], setup="\n".join(filter(None, [prelude, checks[0].setup])))
+    return CodeTests("script", tuple(checks), entry_point=entry, patches=patches, count=len(checks), forward=forward)
+
+
+def _count_cases(trees: list[ast.Module]) -> int:
+    return max(1, sum(1 for tree in trees for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+                      for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                      and m.name.startswith("test")))

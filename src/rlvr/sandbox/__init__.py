@@ -4,20 +4,23 @@
     run_programs([Job(program, checks), ...], SandboxLimits()) -> [ProgramResult, ...]   (in parallel)
 
 The threat model: the program is written by a policy that RL rewards for passing tests, so it is treated as
-written by an attacker who wants a passing verdict, or to harm the machine, the run or its data.
+written by an attacker who wants a passing verdict, or to harm the machine, the run, its data, or the grading
+of other programs.
 
 `bwrap` (the default; `rlvr.sandbox.launch` lists exactly what bubblewrap is told, and why bubblewrap):
-  Protected: the host's files (a read-only root of the Python runtime only: no home, project, venv, data
-  set with its hidden tests, cache, run directory, /tmp, /run, /dev/shm), the network (an empty network
-  namespace, and no socket of any family), other processes (a PID namespace; no ptrace), the kernel's
-  riskiest interfaces (seccomp), the run (the program cannot outlive its sandbox, the trainer never parses
-  anything the program wrote) and the verdict (the tests run in the judge, a separate process, PID 1 of the
-  sandbox, that calls the program's functions through a pipe: `rlvr.sandbox.harness`). No capabilities in
-  any set, no_new_privs, as root (an unprivileged uid of the sandbox's own) and as an ordinary user (a user
-  namespace with no further ones).
+  Protected: the host's files (a read-only root of the Python runtime only, and the packages a sandbox gets:
+  no home, project, venv, data set with its hidden tests, cache, run directory, /tmp, /run, the host's
+  /dev/shm), the network (an empty network namespace, no socket but a connected unix pair), other processes
+  (a PID namespace; no ptrace), the kernel's riskiest interfaces (seccomp), the grader's shared resources (no
+  AIO, no inotify, pipes and the job handed over in memfds, uids unique across containers), the run (the
+  program cannot outlive its sandbox, the trainer never parses anything the program wrote) and the verdict
+  (the tests run in the judge, a separate process, PID 1 of the sandbox, with the runner they were written
+  for, calling the program's functions through a pipe: `rlvr.sandbox.inside`). No capabilities in any set,
+  no_new_privs, as root (an unprivileged uid of the sandbox's own) and as an ordinary user (a user namespace
+  with no further ones).
   Not protected: CPU time, memory and its tmpfs up to the limits below; side channels (timing, cache);
   kernel bugs reachable through the system calls seccomp allows; a program can read the Python standard
-  library and the shared libraries, which are public.
+  library, the shared libraries and the packages it gets, which are public.
 `limits_only` (opt-in, `sandbox.isolation=limits_only`; logged as `grading/code_limits_only` with every grading
   metric): the same judge and program processes with resource limits, a wall-clock kill, a scrubbed environment
   and a temporary working directory, but none of the isolation: the program can read and write whatever the
@@ -26,27 +29,32 @@ written by an attacker who wants a passing verdict, or to harm the machine, the 
 
 Where bubblewrap cannot set up the isolation (not installed, user namespaces disabled, a container without
 the rights to make namespaces), `configure` and the first grading raise SandboxUnavailable naming what is
-missing and how to get it: grading never silently falls back.
+missing and how to get it: grading never silently falls back. Where the machinery fails later (a cgroup that
+cannot be made or read), grading raises SandboxError with the reason, never a silent 0.
 
-Budgets: each sandbox may hold `processes` processes of `memory_mb` address space each (the judge 256 MB more),
-a `2 x file_mb` tmpfs holding at most one file per KB of its size, `output_kb` of output, and `cpu_seconds` of
-CPU time counted over all its processes together (a child that setsid()s too): past that budget the verdict is
-`timeout`, whatever runs beside it; the wall clock (`timeout`) only stops a program that waits. At most
-`workers` sandboxes run at once in the process, however many threads grade (default 2 per CPU this process may
-use: its affinity and cgroup quota). So the pool as a whole holds at most workers x (processes x memory_mb +
-256 MB + 2 x file_mb) (`budget()`). Memory that no address space counts is refused everywhere by the seccomp
-filter (SysV shared memory, message queues and semaphores, POSIX message queues, memfd, sockets, POSIX timers,
-pipes past 64 KB; and setsid(), so that a sandbox stays one session), and then:
+Budgets: each sandbox may hold `processes` processes of `memory_mb` address space each (the judge 256 MB more)
+and `threads` more tasks, a `2 x file_mb` tmpfs and a `file_mb` /dev/shm holding at most one file per KB of their
+size, `output_kb` of output, `cpu_seconds` of CPU time for the program (all its processes together; a child
+that setsid()s too; the judge has a budget of its own), `wait_seconds` of time spent neither running nor
+runnable, and a wall clock that counts only time the machine did not starve it: past any of them the verdict is
+`timeout`, whatever runs beside it. At most `workers` sandboxes run at once in the process, however many
+threads grade (default 2 per CPU this process may use: its affinity and cgroup quota). So the pool as a whole
+holds at most workers x (processes x memory_mb + 256 MB + 3 x file_mb) where cgroups are in force (`budget()`).
+Memory that no address space counts is refused everywhere by the seccomp filter (SysV shared memory, message
+queues and semaphores, POSIX message queues, memfd, sockets but unix pairs at their default buffers, POSIX
+timers, pipes past 64 KB; and setsid(), so that a sandbox stays one session), and then:
 * where rlvr may make cgroups (root, with the v1 memory, pids, cpu and cpuacct controllers, or cgroup v2), each
   sandbox runs in its own (`rlvr.sandbox.cgroups`): a memory limit of its budget that counts shared memory,
   tmpfs, pipes and kernel memory too, pids.max, one CPU share, and the group's CPU clock;
-* elsewhere: RLIMIT_AS per process; processes by RLIMIT_NPROC of the sandbox's own uid (root) or user
-  namespace; one CPU share as one session (autogroup, where the kernel has it on); the CPU clock summed from
-  /proc over the judge and its descendants.
-`bounds()` says which holds; `configure` logs it once per run. Sandbox uids are unique on the machine (lock
-files, `rlvr.sandbox.processes`), so two rlvr processes never share one. On a timeout the judge is killed by
-its pidfd and reaped by bubblewrap; a uid returns to the pool only once its processes are gone
-(`rlvr.sandbox.running`). Every entry that runs a program (`run_program` too) checks the isolation first.
+* elsewhere (an ordinary user, a read-only /sys/fs/cgroup), a weaker mode, logged as a warning and counted as
+  `grading/code_no_cgroups` with every grading metric: RLIMIT_AS per process, `processes + threads` of them;
+  processes by RLIMIT_NPROC of the sandbox's own uid or user namespace; one CPU share as one session
+  (autogroup, where the kernel has it on); the CPU clock summed from /proc over the judge's descendants, which
+  loses the last moments of a child the kernel reaps for a parent that ignores SIGCHLD.
+`bounds()` says which holds; `configure` logs it once per run. Sandbox uids are unique on the host, across
+containers too (`rlvr.sandbox.uids`). On a timeout the judge is killed by its pidfd and reaped by bubblewrap;
+a uid returns to the pool only once its processes are gone (`rlvr.sandbox.running`). Every entry that runs a
+program (`run_program` too) checks the isolation first.
 
 May import: nothing else of rlvr (it sits beside rlvr.core, below everything that grades).
 """
@@ -61,11 +69,12 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 from rlvr.sandbox import cgroups, launch, running
+from rlvr.sandbox.inside import codec, wire
 from rlvr.sandbox.launch import Unavailable as SandboxUnavailable
-from rlvr.sandbox.processes import read_results
 from rlvr.sandbox.records import (
     ISOLATIONS,
     JUDGE_EXTRA_MB,
+    RUNNERS,
     STATUSES,
     Check,
     Job,
@@ -73,6 +82,8 @@ from rlvr.sandbox.records import (
     SandboxLimits,
     sandbox_memory_mb,
 )
+from rlvr.sandbox.results import read_results
+from rlvr.sandbox.running import SandboxError
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +118,9 @@ def configure(isolation: str = "bwrap", workers: int | None = None, limits: Sand
                     "timeout only: they can read and write what this user can, reach the network and forge "
                     "verdicts. Every grading metric logs grading/code_limits_only.")
     log.info("code sandbox: %s; %s; bounded by %s", isolation, budget(), bounds())
+    if isolation == "bwrap" and not cgroups.in_force():
+        log.warning("code sandbox: no cgroups here, a weaker mode (%s); every grading metric counts these "
+                    "programs as grading/code_no_cgroups", bounds())
     return _settings
 
 
@@ -163,9 +177,11 @@ def default_workers() -> int:
 def budget() -> str:
     limits, workers = _settings.limits, default_workers()
     return (f"at most {workers} sandboxes at once, each {limits.processes} processes x {limits.memory_mb} MB of "
-            f"address space (the judge {JUDGE_EXTRA_MB} MB more) and a {2 * limits.file_mb} MB tmpfs (pool total "
+            f"address space (the judge {JUDGE_EXTRA_MB} MB more; {limits.threads} more tasks as threads), a "
+            f"{2 * limits.file_mb} MB tmpfs and a {limits.file_mb} MB /dev/shm (pool total "
             f"<= {workers * sandbox_memory_mb(limits) / 1024:.1f} GB), {limits.cpu_seconds:g} s of CPU each (all "
-            f"its processes together; a wall-clock cap of {limits.timeout:g} s)")
+            f"its processes together; {limits.waits():g} s of waiting; a wall-clock cap of {limits.timeout:g} s "
+            "while not starved)")
 
 
 def bounds() -> str:
@@ -182,12 +198,13 @@ def _probe(bwrap: str | None, root: bool) -> str | None:
         launch.seccomp_filter()
     except SandboxUnavailable as err:
         return str(err)
-    result = running.run(Job(_PROBE, (Check("observe()"),)), SandboxLimits(timeout=20), "bwrap")
+    try:
+        result = running.run(Job(_PROBE, (Check("observe()", "value"),)), SandboxLimits(timeout=20), "bwrap")
+    except SandboxError as err:
+        return str(err)
     if result.status != "ok" or result.values[0] is None:
         return launch.diagnose(result.stderr or result.error, root)
-    from rlvr.sandbox.harness import decode
-
-    seen = decode(result.values[0])
+    seen = read_value(result.values[0])
     wrong = [f"{key}={seen.get(key)!r} (want {want!r})" for key, want in _PROBE_WANTS.items() if seen.get(key) != want]
     if wrong:
         return "bubblewrap started, but the sandbox is weaker than required: " + ", ".join(wrong)
@@ -210,7 +227,9 @@ def observe():
     calls = {"shmget": lambda: libc.shmget(0, 4096, 0o1600), "msgget": lambda: libc.msgget(0, 0o1600),
              "semget": lambda: libc.semget(0, 1, 0o1600), "memfd_create": lambda: os.memfd_create("probe"),
              "mq_open": lambda: libc.mq_open(b"/probe", 0o102, 0o600, None), "setsid": os.setsid,
-             "socket": lambda: __import__("socket").socket()}
+             "socket": lambda: __import__("socket").socket(),
+             "inotify_init1": lambda: libc.inotify_init1(0),
+             "io_setup": lambda: libc.syscall(206, 8, ctypes.byref(ctypes.c_ulong(0)))}
     allowed = []
     for name, call in calls.items():
         try:
@@ -227,6 +246,17 @@ _PROBE_WANTS = {"capabilities": 0, "no_new_privs": 1, "seccomp": 2, "new_user_na
                 "ptys": False}
 
 
+def read_value(text: str):
+    """The data a "value" check sent back (`ProgramResult.values`), built here: bounded, data only (a handle to a
+    program object is refused). Raises ValueError for anything else."""
+    import json
+
+    try:
+        return codec.Codec("h", None).decode(json.loads(text), wire.Memo())
+    except (wire.Malformed, ValueError, TypeError, RecursionError) as err:
+        raise ValueError(f"not a value: {err}") from None
+
+
 def require() -> None:
     """Raise SandboxUnavailable unless bubblewrap isolates programs here as described (probed once)."""
     why = _probe(launch.bwrap_path(), os.geteuid() == 0)
@@ -240,15 +270,20 @@ def require() -> None:
 # One program.
 
 
-def run_program(job: Job, limits: SandboxLimits | None = None, mode: str | None = None) -> ProgramResult:
+def run_program(job: Job, limits: SandboxLimits | None = None, mode: str | None = None,
+                checks: int | None = None) -> ProgramResult:
     """Run one program and its checks in a fresh sandbox; never raises for anything the program does. Raises
-    SandboxUnavailable, before running anything, where `bwrap` cannot isolate programs here (probed once)."""
+    SandboxUnavailable, before running anything, where `bwrap` cannot isolate programs here (probed once), and
+    SandboxError where the sandbox's machinery fails. `checks`: how many checks to expect where the runner
+    counts them itself (pytest's items), in case the sandbox ends before it does."""
     mode = mode or _settings.isolation
     if mode not in ISOLATIONS:
         raise ValueError(f"sandbox isolation must be one of {', '.join(ISOLATIONS)}; got {mode!r}")
+    if job.runner not in RUNNERS:
+        raise ValueError(f"sandbox runner must be one of {', '.join(RUNNERS)}; got {job.runner!r}")
     if mode == "bwrap":
         require()
-    return running.run(job, limits or _settings.limits, mode)
+    return running.run(job, limits or _settings.limits, mode, checks)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -256,7 +291,11 @@ def run_program(job: Job, limits: SandboxLimits | None = None, mode: str | None 
 
 _STATS_KEY = {"ok": "ok", "timeout": "timeouts", "crashed": "crashes", "memory": "memory_kills",
               "output_limit": "output_kills", "syntax_error": "syntax_errors", "load_error": "load_errors"}
-_STATS = dict.fromkeys(("programs", *_STATS_KEY.values(), "limits_only"), 0)
+# limits_only: programs run without isolation; no_cgroups: isolated, in the weaker mode without cgroups;
+# uncrossable: programs a value of whose could not cross between the judge and the program (named in the
+# verdict's reason); judge_errors: the judge's own failures
+_STATS = dict.fromkeys(("programs", *_STATS_KEY.values(), "limits_only", "no_cgroups", "uncrossable",
+                        "judge_errors"), 0)
 _lock = threading.Lock()
 _slots: tuple[int, threading.BoundedSemaphore] | None = None
 
@@ -272,9 +311,10 @@ def _slot() -> threading.BoundedSemaphore:
         return _slots[1]
 
 
-def _bounded(slot: threading.BoundedSemaphore, job: Job, limits: SandboxLimits | None, mode: str) -> ProgramResult:
+def _bounded(slot: threading.BoundedSemaphore, job: Job, limits: SandboxLimits | None, mode: str,
+             checks: int | None) -> ProgramResult:
     with slot:
-        return run_program(job, limits, mode)
+        return run_program(job, limits, mode, checks)
 
 
 def sandbox_stats() -> dict[str, int]:
@@ -284,26 +324,36 @@ def sandbox_stats() -> dict[str, int]:
         return dict(_STATS)
 
 
-def run_programs(jobs: list[Job], limits: SandboxLimits | None = None, workers: int | None = None) -> list[ProgramResult]:
+def run_programs(jobs: list[Job], limits: SandboxLimits | None = None, workers: int | None = None,
+                 checks: list[int] | None = None) -> list[ProgramResult]:
     """Run every job in its own sandbox, `workers` at a time, and never more than `default_workers()` at once in
     this process, whoever calls; results in the order of `jobs`. Raises SandboxUnavailable (before running
-    anything) where the configured isolation cannot be had."""
+    anything) where the configured isolation cannot be had, SandboxError where its machinery fails."""
     if not jobs:
         return []
     mode = _settings.isolation
     if mode == "bwrap":
         require()
     slot = _slot()
+    counts = checks or [None] * len(jobs)
     with ThreadPoolExecutor(max_workers=min(len(jobs), workers or default_workers())) as pool:
-        results = list(pool.map(lambda job: _bounded(slot, job, limits, mode), jobs))
+        results = list(pool.map(lambda pair: _bounded(slot, pair[0], limits, mode, pair[1]), zip(jobs, counts)))
+    weaker = mode == "bwrap" and not cgroups.in_force()
     with _lock:
         _STATS["programs"] += len(results)
         _STATS["limits_only"] += len(results) if mode == "limits_only" else 0
+        _STATS["no_cgroups"] += len(results) if weaker else 0
         for result in results:
             _STATS[_STATS_KEY[result.status]] += 1
+            _STATS["uncrossable"] += bool(result.uncrossable)
+            _STATS["judge_errors"] += bool(result.judge_error)
+    for result in results:
+        if result.judge_error:
+            log.warning("code sandbox: the judge failed (%s); the program scores 0", result.judge_error)
     return results
 
 
-__all__ = ["STATUSES", "ISOLATIONS", "SandboxLimits", "Check", "Job", "ProgramResult", "SandboxSettings",
-           "SandboxUnavailable", "configure", "settings", "isolation", "require", "available_cpus",
-           "default_workers", "budget", "bounds", "run_program", "run_programs", "read_results", "sandbox_stats"]
+__all__ = ["STATUSES", "ISOLATIONS", "RUNNERS", "SandboxLimits", "Check", "Job", "ProgramResult", "SandboxSettings",
+           "SandboxUnavailable", "SandboxError", "configure", "settings", "isolation", "require", "available_cpus",
+           "default_workers", "budget", "bounds", "run_program", "run_programs", "read_results", "read_value",
+           "sandbox_stats"]

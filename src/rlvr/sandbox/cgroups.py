@@ -8,7 +8,8 @@ A sandbox's group, made below rlvr's own cgroup (so every limit above rlvr's sti
 * a memory limit of the sandbox's whole budget (`records.sandbox_memory_mb`), which the kernel charges with
   everything its processes hold, not only their address space: anonymous memory, shared memory, tmpfs pages,
   pipe buffers and kernel objects (inodes, dentries); no swap;
-* a process limit (`pids.max`, threads included) of `limits.processes`;
+* a task limit (`pids.max`, which counts threads too) of `limits.processes + limits.threads` (its memory limit
+  counts `processes` of them at `memory_mb`: threads share their process's);
 * its own CPU share (v1 `cpu.shares`, v2 `cpu.weight`, the default for every group): a sandbox of 16 spinning
   processes gets the CPU of one sandbox, not of 16 programs;
 * its CPU clock (v1 `cpuacct.usage`, v2 `cpu.stat`), which counts every process ever in the group, a child
@@ -56,6 +57,11 @@ class Group:
             if line.startswith("usage_usec "):
                 return int(line.split()[1]) / 1e6
         return 0.0
+
+    def tasks(self) -> list[int]:
+        """Every thread of the group's processes (whose /proc/<tid>/schedstat says what each did)."""
+        name = "tasks" if self.version == 1 else "cgroup.threads"
+        return [int(t) for t in _read(f"{self.dirs['cpu']}/{name}").split()]
 
     def oom_killed(self) -> bool:
         """Whether the kernel killed a process of this group for its memory limit."""
@@ -230,7 +236,7 @@ def _make(version: int, dirs: dict[str, str], limits: SandboxLimits) -> Group:
             _write(f"{group.dirs['memory']}/memory.max", memory)
             if os.path.exists(f"{group.dirs['memory']}/memory.swap.max"):
                 _write(f"{group.dirs['memory']}/memory.swap.max", "0")
-        _write(f"{group.dirs['pids']}/pids.max", str(int(limits.processes)))
+        _write(f"{group.dirs['pids']}/pids.max", str(int(limits.processes + limits.threads)))
     except OSError:
         Group(made, version).remove(wait=1.0)
         raise

@@ -8,10 +8,15 @@ descriptor, and has no daemon; nsjail needs a build, gVisor's runsc a container 
   further user namespaces disabled: `--disable-userns`); the judge is PID 1 (`--as-pid-1`), so when it exits
   the kernel kills every process the program left; `--die-with-parent` and `--new-session`.
 * a root of its own: an empty tmpfs holding only, read-only, the Python runtime (its prefix and the shared
-  libraries under /usr/lib, /lib, /lib64), the harness file, a new /proc (bubblewrap keeps /proc/sys read-only)
-  and a /dev of null, zero, full, random, urandom (no pseudo-terminals, no /dev/shm); then `/` itself is
-  remounted read-only. The one writable place is a fresh tmpfs `/work` of 2 x `file_mb`. No /home, /root, /tmp,
-  /run, /var, /etc, no project, venv, data set, cache or run directory.
+  libraries under /usr/lib, /lib, /lib64), the code that runs inside (`rlvr/sandbox/inside`, at /rlvr/inside),
+  the few packages a sandbox gets at /rlvr/site (pytest and its dependencies for the judge; numpy where the
+  grader has it: `PACKAGES`), a new /proc (bubblewrap keeps /proc/sys read-only), a /dev of null, zero, full,
+  random, urandom (no pseudo-terminals) and the CPU count a sandbox shows (/sys/devices/system/cpu/online:
+  min(the grader's CPUs, processes - 2), so that `multiprocessing.Pool()` fits its process limit); then `/`
+  itself is remounted read-only. Writable: a fresh tmpfs `/work` of 2 x `file_mb` and a /dev/shm of `file_mb`
+  of its own (multiprocessing's semaphores). No /home, /root, /tmp, /run, /var, /etc, no project, venv, data
+  set, cache or run directory. What bubblewrap reads (the seccomp filter, the CPU count) and the job the judge
+  reads come in memfds, never pipes: nothing is written to a pipe before its reader exists.
 * its judge's pid reported (`--info-fd`) and the judge held (`--block-fd`) until rlvr has put it in the
   sandbox's cgroup and holds a pidfd on it (`rlvr.sandbox.running`).
 * no capabilities: for an ordinary user bubblewrap drops them all; for root it keeps only CAP_SETUID,
@@ -21,9 +26,11 @@ descriptor, and has no daemon; nsjail needs a build, gVisor's runsc a container 
   map its uid to host root, whom the kernel exempts from the process limit (a fork bomb), and the uid of
   our own is what a user namespace would have bought. no_new_privs in both cases.
 * the seccomp filter below (`seccomp_filter`): no mount, no namespaces, no tracing, no keyrings, no BPF,
-  no perf events, no io_uring, no kernel modules, no sockets; and nothing that holds memory no process's
-  address space counts: no SysV shared memory, message queues or semaphores, no POSIX message queues, no memfd,
-  no POSIX timers, no pipe grown past 64 KB. No setsid(): a sandbox stays one session, one scheduler group.
+  no perf events, no io_uring or AIO (io_setup takes from the host's one pool), no inotify (a per-user count
+  shared with the grader), no kernel modules, no sockets but a unix socketpair (asyncio's, multiprocessing's)
+  whose buffers keep their defaults; and nothing else that holds memory no process's address space counts: no
+  SysV shared memory, message queues or semaphores, no POSIX message queues, no memfd, no POSIX timers, no pipe
+  grown past 64 KB. No setsid(): a sandbox stays one session, one scheduler group.
 
 `probe` starts one real sandbox and reads, from inside, its capabilities, no_new_privs, seccomp mode, uid,
 network interfaces and whether a user namespace can still be made; `rlvr.sandbox` refuses to grade unless
@@ -39,8 +46,13 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-HARNESS = Path(__file__).with_name("harness.py")
-INSIDE = "/rlvr/harness.py"
+INSIDE_DIR = Path(__file__).with_name("inside")  # bound at /rlvr/inside
+INSIDE_ROOT, SITE = "/rlvr", "/rlvr/site"
+# the harness's entry: its package on the path, then main(argv)
+BOOT = "import sys;sys.path[:0]=[{site!r},{root!r}];from inside.harness import main;main(sys.argv[1:])"
+# the packages a sandbox gets (those the grader can import): pytest and its dependencies for the judge, numpy for
+# programs; a wheel's bundled libraries (numpy.libs) come with them
+PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py", "numpy")
 # refused with EPERM: what only a container runtime or a debugger needs, and the kernel's riskiest surface
 DENIED = ("mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount",
           "fspick", "mount_setattr", "unshare", "setns", "ptrace", "process_vm_readv", "process_vm_writev",
@@ -53,6 +65,9 @@ DENIED = ("mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree",
           "shmget", "shmat", "shmdt", "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop",
           "semtimedop", "semctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify",
           "mq_getsetattr", "memfd_create", "memfd_secret", "timer_create",
+          # a host-wide pool (fs.aio-max-nr) and a per-user count (fs.inotify.max_user_instances) the grader shares
+          "io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents", "inotify_init",
+          "inotify_init1", "inotify_add_watch", "fanotify_init",
           # a new session is a new scheduler group (autogroup): a sandbox stays one, however many processes
           "setsid")
 F_SETPIPE_SZ = 1031  # pipes keep their 64 KB: larger ones are memory outside every rlimit
@@ -60,6 +75,7 @@ F_SETPIPE_SZ = 1031  # pipes keep their 64 KB: larger ones are memory outside ev
 # needs clone3 or unshare, both refused)
 NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 TIOCSTI = 0x5412
+AF_UNIX, SOL_SOCKET, SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE = 1, 1, 7, 8, 32, 33
 
 
 class Unavailable(RuntimeError):
@@ -85,9 +101,12 @@ def seccomp_filter() -> bytes:
         rules.add_rule(deny, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
     rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")  # its flags sit behind a pointer: glibc falls back to clone
     # no socket of any family: unix ones reach the host, and the buffers of internet ones on the loopback are
-    # memory outside every rlimit (tests need no network; the namespace has none anyway)
+    # memory outside every rlimit (tests need no network; the namespace has none anyway). A connected unix pair
+    # reaches nothing (asyncio's self-pipe, multiprocessing.Pipe); its buffers keep their default size
     rules.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socket")
-    rules.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socketpair")
+    rules.add_rule(seccomp.ERRNO(errno.EAFNOSUPPORT), "socketpair", seccomp.Arg(0, seccomp.NE, AF_UNIX))
+    for option in (SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE):
+        rules.add_rule(deny, "setsockopt", seccomp.Arg(1, seccomp.EQ, SOL_SOCKET), seccomp.Arg(2, seccomp.EQ, option))
     rules.add_rule(deny, "ioctl", seccomp.Arg(1, seccomp.MASKED_EQ, 0xFFFFFFFF, TIOCSTI))
     rules.add_rule(deny, "fcntl", seccomp.Arg(1, seccomp.EQ, F_SETPIPE_SZ))
     fd = os.memfd_create("rlvr-seccomp")
@@ -101,6 +120,67 @@ def seccomp_filter() -> bytes:
         return data
     finally:
         os.close(fd)
+
+
+def data_fd(data: bytes, name: str = "rlvr") -> int:
+    """A memfd holding `data`, positioned at its start, for bubblewrap or the judge to read (a pipe written
+    before its reader exists can block forever once the user's pipe pages run short)."""
+    fd = os.memfd_create(name)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+@lru_cache(maxsize=None)
+def precompile() -> bool:
+    """Byte-compile the code that runs inside once, where its directory is writable: every sandbox then loads
+    it from .pyc instead of compiling ~1,500 lines (tens of ms of CPU per sandbox). Whether it could."""
+    import compileall
+
+    try:
+        return bool(compileall.compile_dir(str(INSIDE_DIR), quiet=2, maxlevels=0))
+    except OSError:  # a read-only install: its .pyc came with it, or each sandbox compiles
+        return False
+
+
+@lru_cache(maxsize=None)
+def packages() -> tuple[tuple[str, str], ...]:
+    """(name under /rlvr/site, host path) of each package a sandbox gets, where the grader can import it."""
+    import importlib.util
+
+    out = []
+    for name in PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            continue
+        if spec.submodule_search_locations:
+            path = os.path.realpath(list(spec.submodule_search_locations)[0])
+            out.append((name, path))
+            libs = f"{path}.libs"  # a wheel's bundled shared libraries, found by $ORIGIN/../numpy.libs
+            if os.path.isdir(libs):
+                out.append((f"{name}.libs", libs))
+        elif spec.origin and os.path.isfile(spec.origin):
+            out.append((os.path.basename(spec.origin), os.path.realpath(spec.origin)))
+    return tuple(out)
+
+
+def cpus_shown(processes: int) -> int:
+    """The CPUs a sandbox reports (os.cpu_count(), multiprocessing.Pool()'s default): its own processes must fit
+    a pool of that many, beside the judge and the program's main process."""
+    try:
+        mine = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        mine = os.cpu_count() or 1
+    return max(1, min(mine, processes - 2))
 
 
 def bwrap_path() -> str | None:
@@ -125,10 +205,12 @@ def _system_dirs() -> list[tuple[str, str]]:
     return out
 
 
-def bwrap_argv(root: bool, work_mb: int, seccomp_fd: int, harness_fd: int, info_fd: int, block_fd: int) -> list[str]:
+def bwrap_argv(root: bool, work_mb: int, shm_mb: int, seccomp_fd: int, cpus_fd: int, info_fd: int,
+               block_fd: int) -> list[str]:
     """bubblewrap's command line for one sandbox, up to the interpreter it starts (the caller adds the harness's
-    flags and arguments). bubblewrap reads the seccomp filter and the harness from two fds, writes the judge's
-    pid to `info_fd` and holds the judge, set up but before its first instruction, until `block_fd` is written."""
+    flags and arguments). bubblewrap reads the seccomp filter and the CPU count from two memfds, writes the
+    judge's pid to `info_fd` and holds the judge, set up but before its first instruction, until `block_fd` is
+    written."""
     binary, prefixes = interpreter()
     argv = [bwrap_path() or "bwrap", "--info-fd", str(info_fd), "--block-fd", str(block_fd)]
     if root:
@@ -137,8 +219,7 @@ def bwrap_argv(root: bool, work_mb: int, seccomp_fd: int, harness_fd: int, info_
     else:
         argv += ["--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
     argv += ["--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox", "--clearenv"]
-    for name, value in (("PATH", "/usr/bin:/bin"), ("HOME", "/work"), ("TMPDIR", "/work"), ("LANG", "C.UTF-8"),
-                        ("PYTHONHASHSEED", "0")):  # a fixed hash seed: set order, and so verdicts, repeat
+    for name, value in ENVIRONMENT:
         argv += ["--setenv", name, value]
     covered: list[str] = []
     made: set[str] = set()
@@ -166,15 +247,30 @@ def bwrap_argv(root: bool, work_mb: int, seccomp_fd: int, harness_fd: int, info_
             covered.append(path)
     if not any(binary.startswith(c + "/") for c in covered):
         argv += [*parents(binary), "--ro-bind", binary, binary]
-    argv += [*parents(INSIDE), "--ro-bind-data", str(harness_fd), INSIDE, "--proc", "/proc", *_devices(),
+    argv += [*parents(f"{INSIDE_ROOT}/inside"), "--ro-bind", str(INSIDE_DIR), f"{INSIDE_ROOT}/inside"]
+    argv += ["--perms", "0755", "--dir", SITE]
+    for name, path in packages():
+        argv += ["--ro-bind", path, f"{SITE}/{name}"]
+    argv += ["--proc", "/proc", *_devices(), *parents("/sys/devices/system/cpu/online"),
+             "--ro-bind-data", str(cpus_fd), "/sys/devices/system/cpu/online",
+             "--perms", "1777", "--size", str(shm_mb << 20), "--tmpfs", "/dev/shm",
              "--perms", "1777", "--size", str(work_mb << 20), "--tmpfs", "/work",
              "--remount-ro", "/", "--chdir", "/work", "--seccomp", str(seccomp_fd), binary]
     return argv
 
 
+# the sandbox's whole environment: a fixed hash seed (set order, and so verdicts, repeat); one thread for the
+# numeric libraries (a thread per host CPU would not fit the sandbox's process limit); no pytest plugins from
+# entry points
+ENVIRONMENT = (("PATH", "/usr/bin:/bin"), ("HOME", "/work"), ("TMPDIR", "/work"), ("LANG", "C.UTF-8"),
+               ("PYTHONHASHSEED", "0"), ("OMP_NUM_THREADS", "1"), ("OPENBLAS_NUM_THREADS", "1"),
+               ("MKL_NUM_THREADS", "1"), ("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1"))
+
+
 def _devices() -> list[str]:
-    """/dev: the five harmless devices and the fd links, on the read-only root. Not bubblewrap's `--dev`, which
-    also mounts a devpts: pseudo-terminals are kernel memory (and a host-wide count) a program could exhaust."""
+    """/dev: the five harmless devices and the fd links, on the read-only root (and the caller's /dev/shm). Not
+    bubblewrap's `--dev`, which also mounts a devpts: pseudo-terminals are kernel memory (and a host-wide count)
+    a program could exhaust."""
     out = ["--perms", "0755", "--dir", "/dev"]
     for name in ("null", "zero", "full", "random", "urandom"):
         out += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
@@ -188,6 +284,15 @@ def python_flags() -> list[str]:
     # -S no site-packages, -s no user site, -P no script directory on sys.path, -B no .pyc written.
     # Not -I: its -E would ignore PYTHONHASHSEED; the environment is ours alone (--clearenv) anyway.
     return ["-S", "-s", "-P", "-B"]
+
+
+def boot(isolated: bool) -> list[str]:
+    """The interpreter's arguments that start the harness: inside the sandbox from /rlvr, else from here."""
+    if isolated:
+        return ["-c", BOOT.format(site=SITE, root=INSIDE_ROOT)]
+    site = sorted({os.path.dirname(path) for _, path in packages()})
+    code = BOOT.replace("sys.path[:0]=[{site!r},{root!r}]", "sys.path[:0]=[*{site!r},{root!r}]")
+    return ["-c", code.format(site=site, root=str(INSIDE_DIR.parent))]
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
-"""Code tasks as typed records: a generated `code` task and code JSONL files (MBPP, KodCode, HumanEval-like).
+"""Code tasks as typed records: a generated `code` task and code JSONL files (MBPP, KodCode, HumanEval-like,
+and stdin/stdout problems as in APPS or CodeContests).
 
 A code example's `answer` is what the code reward grades against: the JSON string
 `{"entry_point": <name or null>, "tests": [<Python source>, ...]}` built by `code_answer`, where each test
-is one assert statement (`assert sum_evens([1, 2, 4]) == 6`) or a block of test code. Its `solution` is a
-reference program, the SFT target (`code_response`).
+is one assert statement (`assert sum_evens([1, 2, 4]) == 6`) or a block of test code (pytest functions,
+unittest TestCases, HumanEval's check), or `{"stdio": [[stdin, stdout], ...], "compare": ...}` built by
+`stdio_answer` for a program run as a script on each input. Its `solution` is a reference program, the SFT
+target (`code_response`).
 
 The generated task asks for one small function from a plain-English spec with its signature. The tests are
 hidden: their inputs never appear in the question, and their expected values come from running the task's
@@ -25,7 +28,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
-from rlvr.grading.code_tests import CodeTestsError, parse_tests
+from rlvr.grading.code_tests import COMPARES, CodeTestsError, parse_tests
 from rlvr.tasks.code_families import EMPTY, FAMILIES, FRAMES, PAIRS, PARAMS, Family, draw
 from rlvr.tasks.records import SPLITS, DataError, Example, dataset_options, jsonl_rows
 
@@ -44,6 +47,21 @@ def code_answer(tests: list[str], entry_point: str | None) -> str:
     if entry_point is not None and not isinstance(entry_point, str):
         raise TypeError(f"code_answer: entry_point must be a string or None; got {entry_point!r}")
     return json.dumps({"entry_point": entry_point, "tests": list(tests)}, sort_keys=True)
+
+
+def stdio_answer(cases: list[tuple[str, str]], compare: str = "whitespace") -> str:
+    """The ground truth of a stdin/stdout problem: each (stdin, expected stdout), and how outputs compare
+    ("exact", "whitespace": the same whitespace-separated tokens, "float": those tokens, numbers within 1e-6).
+
+    >>> stdio_answer([("1 2\\n", "3\\n")])
+    '{"compare": "whitespace", "entry_point": null, "stdio": [["1 2\\n", "3\\n"]]}'
+    """
+    if compare not in COMPARES:
+        raise ValueError(f"stdio_answer: compare must be one of {', '.join(COMPARES)}; got {compare!r}")
+    if isinstance(cases, (str, dict)) or not all(
+            isinstance(c, (list, tuple)) and len(c) == 2 and all(isinstance(x, str) for x in c) for c in cases):
+        raise TypeError(f"stdio_answer: cases must be (stdin, stdout) pairs of strings; got {cases!r:.80}")
+    return json.dumps({"entry_point": None, "stdio": [list(c) for c in cases], "compare": compare}, sort_keys=True)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -124,13 +142,18 @@ def load_code_jsonl(
     tests_field: str = "tests",
     entry_point_field: str = "entry_point",
     solution_field: str = "solution",
+    compare_field: str = "compare",
 ) -> list[Example]:
-    """Read a JSONL file of code problems into Examples whose answer is `code_answer(tests, entry_point)`.
+    """Read a JSONL file of code problems into Examples whose answer is `code_answer(tests, entry_point)`, or
+    `stdio_answer(cases, compare)` for a problem whose program reads stdin and prints its answer.
 
     Each row has the question and the tests; `tests` is a list of assert strings, one string of test code,
-    or a list of {"input": [args...], "output": value} pairs (an `input` that is not a list is the one
-    argument), which become `assert entry_point(*input) == output` and so need the row's entry point. The
-    entry point and the reference solution (MBPP: solution_field="code") are optional. A malformed line
+    a list of {"input": [args...], "output": value} pairs (an `input` that is not a list is the one argument),
+    which become `assert entry_point(*input) == output` and so need the row's entry point, a list of
+    {"stdin": text, "stdout": text} pairs, or APPS's {"inputs": [...], "outputs": [...]} (as an object or its
+    JSON text): calls of the entry point where the row has one (or a "fn_name"), else stdin/stdout pairs. A
+    stdin/stdout row may say how outputs compare (`compare_field`: exact, whitespace (the default) or float).
+    The entry point and the reference solution (MBPP: solution_field="code") are optional. A malformed line
     fails with the file, the line number and the field.
     """
     path = Path(path)
@@ -146,12 +169,56 @@ def load_code_jsonl(
         solution = row.get(solution_field)
         if solution is not None and not isinstance(solution, str):
             raise DataError(f"{where}: field {solution_field!r} must be a string; got {type(solution).__name__}")
-        tests = _read_tests(raw_tests, entry_point, f"{where}: field {tests_field!r}", entry_point_field)
-        examples.append(Example(question.strip(), code_answer(tests, entry_point), solution or "",
-                                id=f"{path.stem}:{lineno}", fields=row))
+        field = f"{where}: field {tests_field!r}"
+        raw_tests, entry_point = _apps(raw_tests, entry_point, field)
+        if _is_stdio(raw_tests):
+            compare = row.get(compare_field, "whitespace")
+            if compare not in COMPARES:
+                raise DataError(f"{where}: field {compare_field!r} must be one of {', '.join(COMPARES)}; got {compare!r}")
+            answer = stdio_answer(_read_stdio(raw_tests, field), compare)
+        else:
+            answer = code_answer(_read_tests(raw_tests, entry_point, field, entry_point_field), entry_point)
+        examples.append(Example(question.strip(), answer, solution or "", id=f"{path.stem}:{lineno}", fields=row))
     if not examples:
         raise DataError(f"{path}: no examples (the file is empty)")
     return examples
+
+
+def _apps(raw, entry_point: str | None, where: str):
+    """APPS's {"inputs": [...], "outputs": [...]} (or its JSON text): calls of `fn_name` or the entry point, as
+    input/output pairs; else stdin/stdout pairs. Anything else is returned as it is."""
+    if isinstance(raw, str) and raw.lstrip().startswith("{"):
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            parsed = None
+        raw = parsed if isinstance(parsed, dict) and "inputs" in parsed else raw
+    if not (isinstance(raw, dict) and "inputs" in raw):
+        return raw, entry_point
+    inputs, outputs = raw.get("inputs"), raw.get("outputs")
+    if not isinstance(inputs, list) or not isinstance(outputs, list) or len(inputs) != len(outputs) or not inputs:
+        raise DataError(f"{where}: 'inputs' and 'outputs' must be lists of the same, non-zero length")
+    name = raw.get("fn_name") or entry_point
+    if name:
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise DataError(f"{where}: fn_name must be a Python name; got {name!r}")
+        return [{"input": i, "output": o} for i, o in zip(inputs, outputs)], name
+    text = [["\n".join(map(str, x)) if isinstance(x, list) else x for x in pair] for pair in zip(inputs, outputs)]
+    return [{"stdin": i, "stdout": o} for i, o in text], entry_point
+
+
+def _is_stdio(raw) -> bool:
+    return isinstance(raw, list) and bool(raw) and all(isinstance(item, dict) and "stdin" in item for item in raw)
+
+
+def _read_stdio(raw: list, where: str) -> list[tuple[str, str]]:
+    cases = []
+    for i, item in enumerate(raw, start=1):
+        if set(item) != {"stdin", "stdout"} or not all(isinstance(item[k], str) for k in item):
+            raise DataError(f"{where} item {i}: a stdin/stdout pair needs exactly the keys 'stdin' and 'stdout', "
+                            "both strings")
+        cases.append((item["stdin"], item["stdout"]))
+    return cases
 
 
 def _read_tests(raw, entry_point: str | None, where: str, entry_point_field: str) -> list[str]:
