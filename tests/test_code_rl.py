@@ -95,7 +95,8 @@ def test_a_code_jsonl_runs_through_rlvr_eval(tmp_path, model_dir):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "eval"
     result = CliRunner().invoke(app, ["eval", f"model={model_dir}", f"dataset={data}", "prompt=code",
-                                      "question_field=prompt", "max_new_tokens=8", "dtype=float32", f"out={out}"])
+                                      "question_field=prompt", "max_new_tokens=8", "dtype=float32", f"out={out}",
+                                      "split=all"])
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n"] == 2 and summary["accuracy"] == 0.0  # a random tiny model writes no program

@@ -268,4 +268,9 @@ def load_dataset(
         if rows:
             rows = _without(rows, _keys(_source_rows(name, other, seed, holdout_validation, columns)), name,
                             split, other)
+    if not rows and split in ("validation", "test") and split not in (own_splits(name) or ()):
+        every = len(_source_rows(name, ALL, seed, holdout_validation, columns))
+        raise EmptySplit(f"dataset {name!r} has no {split} split of its own, and its {every} rows are too few to "
+                         f"hold one out (a tenth of them; 10 rows or more): evaluate every row with split=all, or "
+                         f"give the {split} rows as a dataset of their own")
     return _limited(rows, limit, name, split)

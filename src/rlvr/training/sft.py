@@ -62,11 +62,11 @@ def train_sft(cfg: SFTConfig) -> dict:
     ckpt.seed_everything(cfg.seed)
     task = load_task(cfg)
     prompt, train, val = task.prompt, task.split("train", cfg.train_limit), validation_rows(task, cfg)
-    stages.check_before_loading(task, cfg, train + val)  # every row's prompt fills and fits the model's context
     env = environment_factory(cfg.env) if cfg.env else None
     annotations = env is not None and env.sft_annotations
     for ex in train:  # an example without a target (a code row without a solution) fails before the model loads
         prompt.sft_response(ex, annotations)
+    stages.check_before_loading(task, cfg, train + val)  # every row's prompt fills and fits the model's context
     run_dir = stages.start_run(cfg)  # (after the data's checks: a run that cannot start leaves no directory behind)
     cfg = stages.native_precision(cfg, where)
     model, tokenizer, state = stages.load_policy(cfg, run_dir, where.policy)
