@@ -25,6 +25,8 @@ from typing import Protocol
 class SamplingParams:
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
+    top_k: int = 0  # keep the k likeliest ids (0: all)
+    min_p: float = 0.0  # keep the ids at least min_p x as likely as the likeliest
     max_new_tokens: int = 256
     min_new_tokens: int = 0
     repetition_penalty: float = 1.0
@@ -41,6 +43,8 @@ class SamplingParams:
         checks = [
             ("temperature", self.temperature >= 0),
             ("top_p", 0 < self.top_p <= 1),
+            ("top_k", self.top_k >= 0),
+            ("min_p", 0 <= self.min_p <= 1),
             ("max_new_tokens", self.max_new_tokens >= 1),
             ("min_new_tokens", 0 <= self.min_new_tokens <= self.max_new_tokens),
             ("repetition_penalty", self.repetition_penalty > 0),
