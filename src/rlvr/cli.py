@@ -171,6 +171,38 @@ def check_task_command(ctx: typer.Context, config: Path = ConfigOption,
     typer.echo("ok" if not report.warnings else f"{len(report.warnings)} warning(s)")
 
 
+def _serve_help() -> str:
+    from rlvr.serve.config import ServeConfig
+
+    return ("Serve a model behind an OpenAI-compatible API (docs/serve.md): `rlvr serve runs/grpo` serves a finished "
+            "run (its final/ model; an unfinished run's latest checkpoint), a checkpoint or a model name, on "
+            "http://127.0.0.1:8000/v1 until SIGTERM or Ctrl-C.\n\n" + fields_help(ServeConfig))
+
+
+@app.command("serve", context_settings=_EXTRA, help=_serve_help(), options_metavar="[RUN_DIR | MODEL] [KEY=VALUE ...]")
+def serve_command(ctx: typer.Context, config: Path = ConfigOption):
+    _setup_logging()
+    from rlvr.serve.config import ServeConfig
+
+    overrides, after_key = [], False
+    for arg in ctx.args:  # `rlvr serve runs/grpo --port 8001`: a bare argument is the model
+        bare = not arg.startswith("--") and "=" not in arg and not after_key
+        overrides.append(f"model={arg}" if bare else arg)
+        after_key = arg.startswith("--") and "=" not in arg
+    try:
+        cfg = load_config(ServeConfig, config, overrides)
+    except ConfigError as err:
+        _fail(str(err))
+    from rlvr.serve.server import serve
+
+    try:
+        serve(cfg)
+    except (ValueError, OSError) as err:
+        if _debug():
+            raise
+        _fail(_os_error(err) if isinstance(err, OSError) and err.filename is not None else str(err))
+
+
 @app.command("demo", context_settings=_EXTRA,
              help="The whole pipeline on the default model: baseline, SFT, GRPO, before/after.\n\n" + fields_help(DemoConfig))
 def demo_command(ctx: typer.Context, config: Path = ConfigOption):
