@@ -190,11 +190,13 @@ class ContinuousBatch:
         with self.engine.lock, torch.inference_mode():
             model = self.engine.model
             was_training = model.training
-            model.eval()
+            if was_training:  # a shared policy comes back in the mode it came in (eval(): 0.3 ms a step here)
+                model.eval()
             try:
                 return self._step()
             finally:
-                model.train(was_training)
+                if was_training:
+                    model.train()
 
     # ------------------------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import signal
 import socket
 import threading
 import time
@@ -182,9 +183,14 @@ def serve(cfg: ServeConfig, echo=print) -> None:
     host = cfg.host if ":" not in cfg.host else f"[{cfg.host}]"
     echo(f"rlvr serve: {name} on http://{host}:{sock.getsockname()[1]}/v1 (max_model_len {state.max_model_len}, "
          f"{cfg.max_rows} rows, queue {cfg.max_queue}{', API key required' if state.api_key else ''})", flush=True)
+    # uvicorn handles SIGTERM / SIGINT (stop accepting, finish what is in flight), then raises the signal again for
+    # the handler it found: a no-op here, so that the process ends as a clean stop (status 0), not killed by it
+    previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        server.run(sockets=[sock])  # uvicorn handles SIGTERM / SIGINT: stop accepting, finish what is in flight
+        server.run(sockets=[sock])
     finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
         state.draining = True
         state.scheduler.stop(cfg.shutdown_timeout_s)
         sock.close()
