@@ -77,7 +77,7 @@ def start(tokenizer=None, model=None, **options):
     model = model or chat_model(tokenizer)
     engine = HFEngine(model, tokenizer, batch_size=16)
     records = []
-    handle = start_server(engine, tokenizer, model_name="tiny", on_record=records.append, **options)
+    handle = start_server(engine, tokenizer, **{"model_name": "tiny", "on_record": records.append, **options})
     return handle, engine, model, tokenizer, records
 
 

@@ -71,6 +71,22 @@ def test_requests_joining_at_any_step_sample_what_generate_samples_alone(ending_
     assert {o.finish_reason for outs in got.values() for o in outs[-1:]} == {"stop", "length"}
 
 
+@pytest.mark.parametrize("fast_decode", [True, False])
+def test_requests_admitted_together_prefill_their_shared_beginning_once(tiny_model, tokenizer, fast_decode):
+    from test_rollout import INSTRUCTION
+
+    prompts = [tokenizer(INSTRUCTION + q, add_special_tokens=False).input_ids for q in ("2+3?", "what is 12?", "7?")]
+    sampling = SamplingParams(max_new_tokens=10, n=2, seed=3, logprobs=True)
+    engine = HFEngine(tiny_model, tokenizer, fast_decode=fast_decode)
+    got = _drive(engine.continuous_batch(), [(f"r{k}", p, sampling, 0) for k, p in enumerate(prompts)])
+    assert engine.stats["shared_prompt_tokens"] > 0  # the instruction's KV computed once, reused by each row
+    for k, ref in enumerate(engine.generate(prompts, sampling)):  # generate shares the same beginning
+        outs = got[f"r{ref.prompt_index}", ref.sample_index]
+        assert [o.token_id for o in outs] == ref.token_ids, k
+        torch.testing.assert_close(torch.tensor([o.logprob for o in outs]), torch.tensor(ref.logprobs), atol=1e-5,
+                                   rtol=0)
+
+
 def test_an_aborted_request_leaves_and_the_others_are_unchanged(ending_model, tokenizer):
     engine = HFEngine(ending_model, tokenizer)
     requests = [(f"r{k}", [5 + k, 6, 7], SamplingParams(max_new_tokens=30, n=2, seed=k), 0) for k in range(3)]

@@ -21,7 +21,7 @@ together (the transformers forward, left-padded, as generate prefills) and their
 live ones; a finished row's place is taken by the last live row (one row copied, not the batch). Buffers grow by
 doubling and are freed when the batch empties. Llama-architecture models on the CPU decode with
 rlvr.engines.decode_llama; other models with their transformers forward through `RowCache`, whose layers write
-each row at its own column, and a 4D mask.
+each row at its own column (rlvr.engines.row_store), and a 4D mask.
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ import dataclasses
 
 import numpy as np
 import torch
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from rlvr.core.devices import input_device
 from rlvr.core.models import cache_keyword
 from rlvr.engines import decode_llama
 from rlvr.engines.base import SamplingParams
-from rlvr.engines.kv_cache import preallocated_cache
+from rlvr.engines.kv_cache import common_prefix, fill_cache, preallocated_cache
+from rlvr.engines.row_store import RowStore, row_cache
 from rlvr.engines.sampling import apply_repetition_penalty, row_key, sample_rows, uniforms
 
 
@@ -73,71 +73,6 @@ class _Row:
     length: int  # ids in the KV: the prompt, then every sampled id but the newest
     tokens: list[int] = dataclasses.field(default_factory=list)
     aborted: bool = False
-
-
-class RowStore:
-    """Per-layer K and V buffers (rows, kv heads, columns, head dim) of a continuous batch, grown by doubling."""
-
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device, max_rows: int):
-        self.shape = (layers, kv_heads, head_dim)
-        self.dtype, self.device, self.max_rows = dtype, device, max_rows
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
-
-    @property
-    def rows(self) -> int:
-        return self.k[0].shape[0] if self.k else 0
-
-    @property
-    def columns(self) -> int:
-        return self.k[0].shape[2] if self.k else 0
-
-    def ensure(self, rows: int, columns: int, live: int) -> None:
-        """Room for `rows` rows of `columns` columns; the first `live` rows are kept."""
-        if rows <= self.rows and columns <= self.columns:
-            return
-        layers, heads, dim = self.shape
-        new_rows = self.rows if rows <= self.rows else max(rows, min(2 * self.rows, self.max_rows))
-        new_columns = self.columns if columns <= self.columns else max(columns, 2 * self.columns, 64)
-        # zeros, not empty: a masked column's weight is 0, but 0 x a NaN left in uninitialised memory is NaN
-        k = [torch.zeros((new_rows, heads, new_columns, dim), dtype=self.dtype, device=self.device) for _ in range(layers)]
-        v = [torch.zeros_like(t) for t in k]
-        for old, new in zip(self.k + self.v, k + v):
-            new[:live, :, : old.shape[2]] = old[:live]
-        self.k, self.v = k, v
-
-    def move(self, source: int, target: int) -> None:
-        for buffer in self.k + self.v:
-            buffer[target] = buffer[source]
-
-    def release(self) -> None:
-        self.k, self.v = [], []
-
-
-class _RowLayer(DynamicLayer):
-    """A transformers cache layer over a RowStore's buffers: each row's new key at its own column."""
-
-    def __init__(self, batch: ContinuousBatch, index: int):
-        super().__init__()
-        self.batch, self.index, self.is_initialized = batch, index, True
-
-    def lazy_initialization(self, key_states, value_states):  # the buffers exist already
-        pass
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        store, at = self.batch.store, self.batch.at
-        rows, width = len(at), int(at.max()) + 1
-        index = torch.arange(rows, device=at.device)
-        store.k[self.index][index, :, at] = key_states[:, :, 0]
-        store.v[self.index][index, :, at] = value_states[:, :, 0]
-        self.keys, self.values = store.k[self.index][:rows, :, :width], store.v[self.index][:rows, :, :width]
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return int(self.batch.at.max())
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return int(self.batch.at.max()) + query_length, 0
 
 
 class ContinuousBatch:
@@ -240,18 +175,9 @@ class ContinuousBatch:
             rows += taken[-1].sampling.n
         if not taken:
             return None
-        model, device = self.engine.model, input_device(self.engine.model)
+        device = input_device(self.engine.model)
         width = max(len(r.prompt) for r in taken)
-        ids = torch.full((len(taken), width), self.engine.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(taken), width), dtype=torch.long)
-        for i, r in enumerate(taken):  # left padding, as generate prefills
-            ids[i, width - len(r.prompt):] = torch.tensor(r.prompt)
-            attention[i, width - len(r.prompt):] = 1
-        ids, attention = ids.to(device), attention.to(device)
-        cache = preallocated_cache(width)
-        out = model(input_ids=ids, attention_mask=attention, position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
-                    use_cache=True, logits_to_keep=1, **{cache_keyword(model): cache})
-        self.engine.stats["prefill_tokens"] += sum(len(r.prompt) for r in taken)
+        out, cache = self._prefill([r.prompt for r in taken], device)
         if self.store is None or not self.store.k:
             sample = cache.layers[0].keys
             self.store = RowStore(len(cache.layers), sample.shape[1], sample.shape[3], sample.dtype, device,
@@ -269,10 +195,40 @@ class ContinuousBatch:
             at += [len(r.prompt)] * n
         self.at = torch.tensor(at, device=device)
         counts = torch.tensor([r.sampling.n for r in taken], device=device)
-        logits = out.logits[:, -1, :].float().repeat_interleave(counts, dim=0)
+        logits = out.repeat_interleave(counts, dim=0)
         if self.seen is not None or any(r.sampling.repetition_penalty != 1.0 for r in taken):
             self._track_seen(live, logits.shape[-1])
         return logits
+
+    def _prefill(self, prompts: list[list[int]], device) -> tuple[torch.Tensor, object]:
+        """(last-position logits (P, V) in float32, the cache holding each prompt right-aligned) for the prompts
+        left-padded, as generate prefills them: their shared beginning, when they have one, once (kv_cache.
+        common_prefix; the same up to float rounding as prefilling each whole)."""
+        model, width = self.engine.model, max(map(len, prompts))
+        keyword = cache_keyword(model)
+        common = common_prefix(prompts)
+        fed = width - common  # columns fed to the model; the shared ids before them come from its one-row KV
+        reused = [max(0, len(p) - fed) for p in prompts]
+        ids = torch.full((len(prompts), width), self.engine.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p)
+            attention[i, width - len(p):] = 1
+        ids, attention = ids.to(device), attention.to(device)
+        cache = preallocated_cache(width)
+        if common:
+            shared, first = preallocated_cache(common), torch.tensor([prompts[0][:common]], device=device)
+            ones = torch.ones_like(first)  # the call generate makes for its shared prefix
+            model(input_ids=first, attention_mask=ones, position_ids=(ones.cumsum(-1) - 1), use_cache=True,
+                  logits_to_keep=1, **{keyword: shared})
+            kv = torch.stack([torch.stack((layer.keys[0], layer.values[0])) for layer in shared.layers])
+            fill_cache(cache, [kv if r else None for r in reused], reused, common, device)
+            self.engine.stats["shared_prompt_tokens"] += sum(reused)
+        self.engine.stats["prefill_tokens"] += sum(len(p) - r for p, r in zip(prompts, reused))
+        out = model(input_ids=ids[:, width - fed:], attention_mask=attention,
+                    position_ids=(attention.cumsum(-1) - 1).clamp(min=0)[:, width - fed:], use_cache=True,
+                    logits_to_keep=1, **{keyword: cache})
+        return out.logits[:, -1, :].float(), cache
 
     def _track_seen(self, old: int, vocab: int) -> None:
         """The ids each row has seen (prompt and sampled), for the repetition penalty; from row `old` on, or for
@@ -379,8 +335,7 @@ class ContinuousBatch:
         else:
             mask = torch.zeros(attend.shape, dtype=dtype, device=at.device)
             mask = mask.masked_fill(~attend, torch.finfo(dtype).min)[:, None, None, :]
-            cache = DynamicCache.__new__(DynamicCache)
-            Cache.__init__(cache, layers=[_RowLayer(self, i) for i in range(len(self.store.k))])
+            cache = row_cache(self.store, at)
             model = self.engine.model
             out = model(input_ids=tokens.unsqueeze(-1), attention_mask=mask, position_ids=at.unsqueeze(-1),
                         use_cache=True, logits_to_keep=1, **{cache_keyword(model): cache})

@@ -24,15 +24,14 @@ from rlvr.core.devices import engine_dtype, input_device
 from rlvr.core.models import cache_keyword
 from rlvr.engines import decode_llama, int8
 from rlvr.engines.base import Completion, SamplingParams
-from rlvr.engines.kv_cache import PrefixCache, fill_cache, preallocated_cache, row_kv
+from rlvr.engines.kv_cache import MIN_SHARED_PROMPT, PrefixCache, common_prefix, fill_cache, preallocated_cache, row_kv
 from rlvr.engines.sampling import apply_repetition_penalty, row_key, sample_tokens, stop_candidates, uniforms
 from rlvr.engines.weights import empty_copy, merged_tensors
 
 # ----------------------------------------------------------------------------------------------------
 # The transformers backend.
 
-# Fewer shared ids than this are prefilled with each prompt: not worth a forward pass of their own.
-MIN_SHARED_PROMPT = 16
+__all__ = ["HFEngine", "MIN_SHARED_PROMPT"]
 
 
 @dataclasses.dataclass
@@ -212,16 +211,11 @@ class HFEngine:
         MIN_SHARED_PROMPT ids (all but each prompt's last id, which must be fed to give its first new token). The
         KV computed for one row of `common` ids rounds differently from the same ids inside the padded batch, so
         what follows agrees with the unshared prefill up to float rounding (a sampled token can flip)."""
-        fresh = [i for i, c in enumerate(cached) if c is None]
-        if len(fresh) < 2:
+        fresh = [encoded[i] for i, c in enumerate(cached) if c is None]
+        common = common_prefix(fresh)
+        if not common:
             return cached
-        first, common = encoded[fresh[0]], min(len(encoded[i]) for i in fresh) - 1
-        for i in fresh[1:]:
-            ids = encoded[i]
-            common = next((k for k in range(common) if ids[k] != first[k]), common)
-        if common < MIN_SHARED_PROMPT:
-            return cached
-        ids = torch.tensor([first[:common]], device=input_device(self.model))
+        ids = torch.tensor([fresh[0][:common]], device=input_device(self.model))
         cache = preallocated_cache(common)
         self._forward(ids, torch.ones_like(ids), cache)
         kv = torch.stack([torch.stack((layer.keys[0], layer.values[0])) for layer in cache.layers])
