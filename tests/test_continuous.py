@@ -99,6 +99,28 @@ def test_an_aborted_request_leaves_and_the_others_are_unchanged(ending_model, to
             c.token_ids for c in engine.generate([ids], sampling)]
 
 
+def test_rows_wait_for_kv_memory_and_a_request_too_big_alone_is_refused(tiny_model, tokenizer):
+    engine = HFEngine(tiny_model, tokenizer)
+    engine.eos_ids = [10**9]
+    sampling = SamplingParams(max_new_tokens=20, seed=1)
+    batch = engine.continuous_batch(max_kv_bytes=None)
+    per_row = batch.kv_bytes(4, sampling)  # a 4-id prompt + 20 new ids
+    batch = engine.continuous_batch(max_kv_bytes=2 * per_row + per_row // 2)  # two rows fit, not three
+    for k in range(4):
+        batch.add_request(f"r{k}", [5 + k, 6, 7, 8], sampling)
+    got, most = {}, 0
+    while batch.has_unfinished_requests():
+        for out in batch.step():
+            got.setdefault(out.request_id, []).append(out.token_id)
+        most = max(most, len(batch.rows))
+        assert sum(t.numel() * t.element_size() for t in batch.store.k + batch.store.v) <= batch.max_kv_bytes
+    assert most == 2 and len(got) == 4
+    for k in range(4):
+        assert got[f"r{k}"] == engine.generate([[5 + k, 6, 7, 8]], sampling)[0].token_ids
+    with pytest.raises(ValueError, match="MiB of KV cache"):
+        batch.add_request("big", [5] * 60, sampling)
+
+
 def test_top_logprobs_stop_token_ids_and_ignore_eos(tiny_model, tokenizer):
     engine = HFEngine(tiny_model, tokenizer)
     batch = engine.continuous_batch()

@@ -145,6 +145,16 @@ def test_a_full_queue_answers_429_and_every_request_gets_an_answer():
         handle.stop()
 
 
+def test_a_request_whose_kv_cannot_fit_answers_400():
+    handle, *_ = start(max_kv_mib=0.05)  # the tiny model's KV is 256 bytes a token: about 200 tokens
+    try:
+        _error(_post(handle, "/v1/completions", {"prompt": "abc", "max_tokens": 300}), 400, "MiB of KV cache",
+               param="max_tokens")
+        assert _post(handle, "/v1/completions", {"prompt": "abc", "max_tokens": 30}).status_code == 200
+    finally:
+        handle.stop()
+
+
 def test_an_api_key_is_required_when_set_and_an_admit_hook_can_refuse():
     handle, *_ = start(api_key="sesame", admit=lambda call: "episode over" if call.episode == "done" else None)
     try:

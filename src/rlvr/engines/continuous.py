@@ -78,10 +78,19 @@ class _Row:
 class ContinuousBatch:
     """A decode batch of up to `max_rows` rows that requests join and leave between steps (see the module)."""
 
-    def __init__(self, engine, max_rows: int = 64, max_prefill_tokens: int = 8192):
+    def __init__(self, engine, max_rows: int = 64, max_prefill_tokens: int = 8192, max_kv_bytes: int | None = None):
         """`engine`: an HFEngine. `max_prefill_tokens`: at most this many (padded) prompt ids are prefilled in one
-        step (at least one request), so that joining requests hold the running rows up for one short prefill."""
+        step (at least one request), so that joining requests hold the running rows up for one short prefill.
+        `max_kv_bytes`: rows are admitted while every row's KV, at the most columns any row may reach (its prompt
+        + max_new_tokens), fits (the buffers are rows x the longest row); a request that alone would not fit is
+        refused by add_request."""
         self.engine, self.max_rows, self.max_prefill_tokens = engine, max_rows, max_prefill_tokens
+        self.max_kv_bytes = max_kv_bytes
+        cfg = engine.model.config
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.token_bytes = (cfg.num_hidden_layers * 2 * heads * dim
+                            * engine.model.get_input_embeddings().weight.element_size())
         self.waiting: collections.deque[_Request] = collections.deque()
         self.rows: list[_Row] = []
         self.logits: torch.Tensor | None = None  # (rows, V): each live row's next-token logits
@@ -101,6 +110,11 @@ class ContinuousBatch:
             raise ValueError("add_request got an empty prompt")
         if sampling.n > self.max_rows:
             raise ValueError(f"n={sampling.n} is more rows than the batch holds (max_rows={self.max_rows})")
+        need = self.kv_bytes(len(prompt_ids), sampling)
+        if self.max_kv_bytes and need > self.max_kv_bytes:
+            raise ValueError(f"{sampling.n} row(s) of {len(prompt_ids)} prompt + {sampling.max_new_tokens} new ids need "
+                             f"{need / 2**20:.0f} MiB of KV cache, more than the batch's {self.max_kv_bytes / 2**20:.0f} "
+                             "MiB (ask for fewer max_tokens or choices)")
         if any(r.request_id == request_id for r in self.waiting) or any(r.request.request_id == request_id
                                                                         for r in self.rows):
             raise ValueError(f"request {request_id!r} is already in the batch")
@@ -116,6 +130,10 @@ class ContinuousBatch:
         for row in self.rows:
             if row.request.request_id == request_id:
                 row.aborted = True
+
+    def kv_bytes(self, prompt_tokens: int, sampling: SamplingParams) -> int:
+        """The KV a request's rows may reach (its prompt + max_new_tokens columns each)."""
+        return sampling.n * (prompt_tokens + sampling.max_new_tokens) * self.token_bytes
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.rows)
@@ -168,9 +186,13 @@ class ContinuousBatch:
         taken: list[_Request] = []
         rows = len(self.rows)
         while self.waiting and rows + self.waiting[0].sampling.n <= self.max_rows:
-            width = max([len(r.prompt) for r in taken] + [len(self.waiting[0].prompt)])
+            new = self.waiting[0]
+            width = max([len(r.prompt) for r in taken] + [len(new.prompt)])
             if taken and width * (len(taken) + 1) > self.max_prefill_tokens:
                 break
+            most = max(self._most_columns(), *(len(r.prompt) + r.sampling.max_new_tokens for r in taken + [new]))
+            if self.max_kv_bytes and (rows + new.sampling.n) * most * self.token_bytes > self.max_kv_bytes and rows:
+                break  # it waits for rows to finish
             taken.append(self.waiting.popleft())
             rows += taken[-1].sampling.n
         if not taken:
@@ -181,9 +203,10 @@ class ContinuousBatch:
         if self.store is None or not self.store.k:
             sample = cache.layers[0].keys
             self.store = RowStore(len(cache.layers), sample.shape[1], sample.shape[3], sample.dtype, device,
-                                  self.max_rows)
+                                  self.max_rows, self.max_kv_bytes)
         live = len(self.rows)
-        self.store.ensure(rows, width + 1, live)
+        self.store.ensure(rows, width + 1, live, max(self._most_columns(), *(len(r.prompt) + r.sampling.max_new_tokens
+                                                                              for r in taken)))
         at = [row.length for row in self.rows]
         for i, r in enumerate(taken):
             start, n = len(self.rows), r.sampling.n
@@ -229,6 +252,10 @@ class ContinuousBatch:
                     position_ids=(attention.cumsum(-1) - 1).clamp(min=0)[:, width - fed:], use_cache=True,
                     logits_to_keep=1, **{keyword: cache})
         return out.logits[:, -1, :].float(), cache
+
+    def _most_columns(self) -> int:
+        """The most columns a live row may reach: its prompt + max_new_tokens."""
+        return max((len(r.request.prompt) + r.request.sampling.max_new_tokens for r in self.rows), default=0)
 
     def _track_seen(self, old: int, vocab: int) -> None:
         """The ids each row has seen (prompt and sampled), for the repetition penalty; from row `old` on, or for
@@ -324,7 +351,7 @@ class ContinuousBatch:
         """Feed each live row its newest id (at its own column); the next logits (rows, V) in float32."""
         rows, at = len(self.rows), self.at
         width = int(at.max()) + 1
-        self.store.ensure(rows, width, rows)
+        self.store.ensure(rows, width, rows, self._most_columns())
         attend = torch.arange(width, device=at.device) <= at.unsqueeze(-1)
         dtype = self.store.dtype
         if self._decoder is not None:

@@ -118,12 +118,13 @@ class HFEngine:
             if self.model is not policy:
                 self.load_weights(merged_tensors(policy))
 
-    def continuous_batch(self, max_rows: int | None = None, max_prefill_tokens: int = 8192):
+    def continuous_batch(self, max_rows: int | None = None, max_prefill_tokens: int = 8192,
+                         max_kv_bytes: int | None = None):
         """A decode batch that requests join and leave between steps (rlvr.engines.continuous; vLLM's add_request /
         step / abort_request), for a server; `max_rows` defaults to batch_size."""
         from rlvr.engines.continuous import ContinuousBatch
 
-        return ContinuousBatch(self, max_rows or self.batch_size, max_prefill_tokens)
+        return ContinuousBatch(self, max_rows or self.batch_size, max_prefill_tokens, max_kv_bytes)
 
     def stop_table(self, stop: tuple[str, ...], vocab: int) -> np.ndarray:
         """sampling.stop_candidates for these stop strings, computed once per engine."""

@@ -11,9 +11,12 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 class RowStore:
     """Per-layer K and V buffers (rows, kv heads, columns, head dim) of a continuous batch, grown by doubling."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device, max_rows: int):
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device, max_rows: int,
+                 max_bytes: int | None = None):
+        """`max_bytes`: growth stays within it where the rows asked for allow (the batch admits rows that fit)."""
         self.shape = (layers, kv_heads, head_dim)
-        self.dtype, self.device, self.max_rows = dtype, device, max_rows
+        self.dtype, self.device, self.max_rows, self.max_bytes = dtype, device, max_rows, max_bytes
+        self.token_bytes = layers * 2 * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
 
@@ -25,13 +28,17 @@ class RowStore:
     def columns(self) -> int:
         return self.k[0].shape[2] if self.k else 0
 
-    def ensure(self, rows: int, columns: int, live: int) -> None:
-        """Room for `rows` rows of `columns` columns; the first `live` rows are kept."""
+    def ensure(self, rows: int, columns: int, live: int, most_columns: int | None = None) -> None:
+        """Room for `rows` rows of `columns` columns; the first `live` rows are kept. Growth doubles (columns up to
+        `most_columns`, the most any row may reach; rows up to max_rows), within max_bytes."""
         if rows <= self.rows and columns <= self.columns:
             return
         layers, heads, dim = self.shape
+        new_columns = self.columns if columns <= self.columns else max(
+            columns, min(max(2 * self.columns, 64), most_columns or columns))
         new_rows = self.rows if rows <= self.rows else max(rows, min(2 * self.rows, self.max_rows))
-        new_columns = self.columns if columns <= self.columns else max(columns, 2 * self.columns, 64)
+        if self.max_bytes:
+            new_rows = max(rows, min(new_rows, self.max_bytes // (new_columns * self.token_bytes)))
         # zeros, not empty: a masked column's weight is 0, but 0 x a NaN left in uninitialised memory is NaN
         k = [torch.zeros((new_rows, heads, new_columns, dim), dtype=self.dtype, device=self.device) for _ in range(layers)]
         v = [torch.zeros_like(t) for t in k]

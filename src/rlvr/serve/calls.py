@@ -100,6 +100,14 @@ class Call:
 
     def admit(self) -> None:
         """Ask the admit hook, then queue every prompt (429 when the queue is full, 503 when shutting down)."""
+        batch = self.state.scheduler.batch
+        for ids in self.prompts:
+            need = batch.kv_bytes(len(ids), self.sampling)
+            if batch.max_kv_bytes and need > batch.max_kv_bytes:
+                raise APIError(400, f"{self.sampling.n} choice(s) of {len(ids)} prompt + {self.sampling.max_new_tokens} "
+                                    f"new tokens need {need / 2**20:.0f} MiB of KV cache, more than the server's "
+                                    f"{batch.max_kv_bytes / 2**20:.0f} MiB (`rlvr serve max_kv_mib=`): ask for fewer "
+                                    "max_tokens or choices", "max_tokens")
         hook = self.state.hooks.admit
         if hook is not None:
             start = CallStart(self.episode, self.endpoint, sum(map(len, self.prompts)), self.sampling.max_new_tokens,

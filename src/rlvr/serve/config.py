@@ -29,6 +29,9 @@ class ServeConfig(BaseConfig):
                                            "max_tokens (default: what the context has left, as vLLM)")
     max_prefill_tokens: int = Field(8192, ge=1, description="prompt ids prefilled per decode step when requests "
                                     "join (longer waits for the rows running, shorter admits fewer at once)")
+    max_kv_mib: float = Field(4096, gt=0, description="memory for the decoding rows' KV cache (MiB): rows are "
+                              "admitted while they fit at their prompt + max_tokens; a request that alone would not "
+                              "is answered 400")
     tool_parser: str = Field("hermes", description="how a model's text becomes tool_calls: hermes, none, "
                              "file.py:function or module:function (docs/serve.md)")
     reuse_sampled_ids: bool = Field(True, description="a prompt that re-renders an earlier completion holds the "

@@ -53,10 +53,11 @@ class Submission:
 class Scheduler:
     """Drives `engine.continuous_batch()` from one thread (see the module)."""
 
-    def __init__(self, engine, max_rows: int = 64, max_queue: int = 256, max_prefill_tokens: int = 8192):
+    def __init__(self, engine, max_rows: int = 64, max_queue: int = 256, max_prefill_tokens: int = 8192,
+                 max_kv_bytes: int | None = None):
         self.engine, self.max_rows, self.max_queue = engine, max_rows, max_queue
-        self.max_prefill_tokens = max_prefill_tokens
-        self.batch = engine.continuous_batch(max_rows, max_prefill_tokens)
+        self.max_prefill_tokens, self.max_kv_bytes = max_prefill_tokens, max_kv_bytes
+        self.batch = engine.continuous_batch(max_rows, max_prefill_tokens, max_kv_bytes)
         self._cond = threading.Condition()
         self._inbox: collections.deque[Submission] = collections.deque()
         self._cancels: set[str] = set()
@@ -177,7 +178,7 @@ class Scheduler:
         except Exception as err:  # noqa: BLE001 -- a failed step fails its requests, never the thread
             log.exception("the engine failed a decode step; its %d requests fail", len(self._running))
             self._fail_all(RuntimeError(f"the engine failed: {type(err).__name__}: {err}"))
-            self.batch = self.engine.continuous_batch(self.max_rows, self.max_prefill_tokens)
+            self.batch = self.engine.continuous_batch(self.max_rows, self.max_prefill_tokens, self.max_kv_bytes)
             return
         self.stats["steps"] += 1
         self.stats["tokens"] += len(outputs)

@@ -121,9 +121,11 @@ class ServerHandle:
 
 def build_state(engine, tokenizer, model_name: str, *, max_rows: int | None = None, max_queue: int = 256,
                 max_model_len: int | None = None, default_max_tokens: int | None = None,
-                max_prefill_tokens: int = 8192, tool_parser: str = "hermes", reuse_sampled_ids: bool = True,
-                api_key: str | None = None, max_body_mib: float = 8.0, on_record=None, admit=None) -> ServerState:
-    scheduler = Scheduler(engine, max_rows or engine.batch_size, max_queue, max_prefill_tokens)
+                max_prefill_tokens: int = 8192, max_kv_mib: float | None = 4096, tool_parser: str = "hermes",
+                reuse_sampled_ids: bool = True, api_key: str | None = None, max_body_mib: float = 8.0, on_record=None,
+                admit=None) -> ServerState:
+    scheduler = Scheduler(engine, max_rows or engine.batch_size, max_queue, max_prefill_tokens,
+                          int(max_kv_mib * 2**20) if max_kv_mib else None)
     state = ServerState(engine, tokenizer, scheduler, model_name, model_context(engine.model, tokenizer, max_model_len),
                         load_parser(tool_parser), SampledTurns() if reuse_sampled_ids else None,
                         Hooks(admit, on_record), api_key, default_max_tokens, int(max_body_mib * 2**20))
@@ -175,7 +177,7 @@ def serve(cfg: ServeConfig, echo=print) -> None:
     name = cfg.served_model_name or cfg.model
     state = build_state(engine, tokenizer, name, max_rows=cfg.max_rows, max_queue=cfg.max_queue,
                         max_model_len=cfg.max_model_len, default_max_tokens=cfg.default_max_tokens,
-                        max_prefill_tokens=cfg.max_prefill_tokens, tool_parser=cfg.tool_parser,
+                        max_prefill_tokens=cfg.max_prefill_tokens, max_kv_mib=cfg.max_kv_mib, tool_parser=cfg.tool_parser,
                         reuse_sampled_ids=cfg.reuse_sampled_ids, api_key=cfg.api_key or os.environ.get("RLVR_API_KEY"),
                         max_body_mib=cfg.max_body_mib)
     sock = _bind(cfg.host, cfg.port)
