@@ -75,7 +75,8 @@ async def one(http, url: str, ids: list[int], args, seed: int, stream: bool = Fa
         if not stream:
             response = await http.post(url + "/v1/completions", json=body)
             data = response.json()
-            return response.status_code, data["choices"][0]["token_ids"] if response.status_code == 200 else [], None, None
+            ids = data["choices"][0]["token_ids"] if response.status_code == 200 else []
+            return response.status_code, ids, None, None
         first, out = None, []
         async with http.stream("POST", url + "/v1/completions", json=body) as response:
             async for line in response.aiter_lines():
@@ -146,8 +147,10 @@ def main() -> None:
                       else args.dtype, prefix_cache_mib=0)
     texts, _ = gsm8k_prompts(args.clients)
     prompts = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
-    sampling = lambda seed: SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, stop=(STOP,),  # noqa: E731
-                                           seed=seed)
+
+    def sampling(seed):
+        return SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, stop=(STOP,), seed=seed)
+
     process, url = start_server(args.model, args)
     info = machine()
     print(f"machine: {info}\nserver {url} (pid {process.pid}), {args.clients} clients, {args.max_new_tokens} new "

@@ -145,6 +145,25 @@ def test_a_full_queue_answers_429_and_every_request_gets_an_answer():
         handle.stop()
 
 
+def test_the_trainer_can_end_an_episode_with_calls_in_flight():
+    handle, engine, model, tokenizer, records = start()
+    try:
+        answers = []
+        long = {"prompt": "abc", "max_tokens": 900, "ignore_eos": True}
+        thread = threading.Thread(target=lambda: answers.append(
+            _post(handle, "/episodes/slow/v1/completions", long)))
+        thread.start()
+        _until(lambda: handle.scheduler.batch.rows)
+        assert handle.end_episode("slow") == 1
+        thread.join(60)
+        _error(answers[0], 409, "episode", param=None)
+        assert records[-1].episode == "slow" and records[-1].samples[0].finish_reason == "abort"
+        assert 0 < len(records[-1].samples[0].token_ids) < 900
+        assert _post(handle, "/episodes/other/v1/completions", {"prompt": "a", "max_tokens": 2}).status_code == 200
+    finally:
+        handle.stop()
+
+
 def test_a_request_whose_kv_cannot_fit_answers_400():
     handle, *_ = start(max_kv_mib=0.05)  # the tiny model's KV is 256 bytes a token: about 200 tokens
     try:

@@ -112,9 +112,9 @@ class ContinuousBatch:
             raise ValueError(f"n={sampling.n} is more rows than the batch holds (max_rows={self.max_rows})")
         need = self.kv_bytes(len(prompt_ids), sampling)
         if self.max_kv_bytes and need > self.max_kv_bytes:
-            raise ValueError(f"{sampling.n} row(s) of {len(prompt_ids)} prompt + {sampling.max_new_tokens} new ids need "
-                             f"{need / 2**20:.0f} MiB of KV cache, more than the batch's {self.max_kv_bytes / 2**20:.0f} "
-                             "MiB (ask for fewer max_tokens or choices)")
+            raise ValueError(f"{sampling.n} row(s) of {len(prompt_ids)} prompt + {sampling.max_new_tokens} new ids "
+                             f"need {need / 2**20:.0f} MiB of KV cache, more than the batch's "
+                             f"{self.max_kv_bytes / 2**20:.0f} MiB (ask for fewer max_tokens or choices)")
         if any(r.request_id == request_id for r in self.waiting) or any(r.request.request_id == request_id
                                                                         for r in self.rows):
             raise ValueError(f"request {request_id!r} is already in the batch")
@@ -272,8 +272,10 @@ class ContinuousBatch:
     def _sample(self):
         """Each live row's token, and (on the host) log-probs and the top log-probs when some row asks for them."""
         device, rows = self.logits.device, self.rows
-        param = lambda name, dtype=torch.float32: torch.tensor([getattr(r.request.sampling, name) for r in rows],  # noqa: E731
-                                                               dtype=dtype, device=device)
+
+        def param(name, dtype=torch.float32):
+            return torch.tensor([getattr(r.request.sampling, name) for r in rows], dtype=dtype, device=device)
+
         temperature, logits = param("temperature"), self.logits
         scale = torch.where(temperature > 0, temperature, 1.0).unsqueeze(-1)
         probs = torch.softmax(logits / scale, dim=-1)

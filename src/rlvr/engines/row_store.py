@@ -40,7 +40,8 @@ class RowStore:
         if self.max_bytes:
             new_rows = max(rows, min(new_rows, self.max_bytes // (new_columns * self.token_bytes)))
         # zeros, not empty: a masked column's weight is 0, but 0 x a NaN left in uninitialised memory is NaN
-        k = [torch.zeros((new_rows, heads, new_columns, dim), dtype=self.dtype, device=self.device) for _ in range(layers)]
+        shape = (new_rows, heads, new_columns, dim)
+        k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(layers)]
         v = [torch.zeros_like(t) for t in k]
         for old, new in zip(self.k + self.v, k + v):
             new[:live, :, : old.shape[2]] = old[:live]

@@ -12,7 +12,7 @@ import time
 from rlvr.serve.outputs import ChoiceState
 from rlvr.serve.protocol import APIError
 from rlvr.serve.records import CallRecord, CallStart, SampleRecord
-from rlvr.serve.scheduler import QueueFull, ShuttingDown, Submission
+from rlvr.serve.scheduler import EpisodeEnded, QueueFull, ShuttingDown, Submission
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class ClientGone(Exception):
 
 @dataclasses.dataclass
 class Hooks:
-    """The server's hooks (rlvr.serve.records): `admit(CallStart) -> refusal message | None`, `on_record(CallRecord)`."""
+    """The server's hooks (rlvr.serve.records): `admit(CallStart) -> refusal | None`, `on_record(CallRecord)`."""
 
     admit: object = None
     on_record: object = None
@@ -83,7 +83,7 @@ class Call:
         self.prompts, self.sampling = prompts, sampling
         self.events: asyncio.Queue = asyncio.Queue()
         self.subs = [Submission(f"{self.id}-{p}", ids, sampling, top_logprobs, tuple(stop_token_ids or ()),
-                                ignore_eos).bind(self.events) for p, ids in enumerate(prompts)]
+                                ignore_eos, episode).bind(self.events) for p, ids in enumerate(prompts)]
         n = sampling.n
         self.choices = [ChoiceState(p * n + s, state.tokenizer, sampling.stop, **choice_args)
                         for p in range(len(prompts)) for s in range(n)]
@@ -104,14 +104,14 @@ class Call:
         for ids in self.prompts:
             need = batch.kv_bytes(len(ids), self.sampling)
             if batch.max_kv_bytes and need > batch.max_kv_bytes:
-                raise APIError(400, f"{self.sampling.n} choice(s) of {len(ids)} prompt + {self.sampling.max_new_tokens} "
-                                    f"new tokens need {need / 2**20:.0f} MiB of KV cache, more than the server's "
+                raise APIError(400, f"{self.sampling.n} choice(s) of {len(ids)} prompt + "
+                                    f"{self.sampling.max_new_tokens} new tokens need {need / 2**20:.0f} MiB of KV cache, more than the server's "
                                     f"{batch.max_kv_bytes / 2**20:.0f} MiB (`rlvr serve max_kv_mib=`): ask for fewer "
                                     "max_tokens or choices", "max_tokens")
         hook = self.state.hooks.admit
         if hook is not None:
             start = CallStart(self.episode, self.endpoint, sum(map(len, self.prompts)), self.sampling.max_new_tokens,
-                              self.sampling.n)
+                              self.sampling.n, self.sampling)
             refusal = hook(start)
             if refusal:
                 raise APIError(403, str(refusal), kind="permission_error", code="refused")
@@ -142,6 +142,11 @@ class Call:
             elif isinstance(item, ShuttingDown):
                 self._open.discard(request_id)
                 raise APIError(503, str(item), kind="service_unavailable", code="shutting_down")
+            elif isinstance(item, EpisodeEnded):
+                self._open.discard(request_id)
+                self.cancel()
+                self.record(aborted=True)
+                raise APIError(409, str(item), kind="conflict_error", code="episode_ended")
             elif isinstance(item, Exception):
                 self._open.discard(request_id)
                 raise APIError(400 if isinstance(item, ValueError) else 500, str(item),

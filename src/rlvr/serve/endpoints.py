@@ -198,8 +198,8 @@ async def completion(state, body: CompletionRequest, request, episode: str | Non
 
     def entry(c, text, start, stop):
         out = {"index": c.index, "text": text, "finish_reason": c.finish_reason if c.done else None,
-               "stop_reason": c.stop_reason, "logprobs": completion_logprobs(state.tokenizer, c, start, stop, top, as_ids)
-               if body.logprobs is not None else None}
+               "stop_reason": c.stop_reason, "logprobs": None if body.logprobs is None else
+               completion_logprobs(state.tokenizer, c, start, stop, top, as_ids)}
         if body.return_token_ids:
             out["token_ids"] = c.token_ids[start:stop]
             out["prompt_token_ids"] = call.prompts[c.index // body.n] if start == 0 else None

@@ -5,7 +5,8 @@ Every completed call (chat, completions, generate; streamed or not) becomes a `C
 given, and per choice the ids it sampled with their sampling log-probs (always, whether or not the client asked
 for log-probs) and the finish reason -- exactly what the engine produced, never a re-tokenisation. `admit(call)`,
 called before a request is queued, can refuse it (return a message: the client gets 403 with it): an episode over
-its budget of calls or tokens, or a call after its episode ended.
+its budget of calls or tokens, a call after its episode ended, a temperature other than the run's.
+`ServerHandle.end_episode(episode)` aborts an episode's calls in flight (a timed-out agent): each answers 409.
 
 Calls are attributed to an episode by the client: its base_url `http://HOST:PORT/episodes/<episode>/v1` (every
 route is served under `/episodes/<episode>` too; `ServerHandle.episode_url(episode)` builds it) or the header
@@ -27,6 +28,7 @@ class CallStart:
     prompt_tokens: int  # one prompt's ids (a completions call with several prompts: their sum)
     max_tokens: int  # the most ids it may sample per choice
     n: int
+    sampling: object = None  # the engine's SamplingParams it would run with (temperature, seed, ...)
 
 
 @dataclasses.dataclass

@@ -29,6 +29,10 @@ class ShuttingDown(Exception):
     """The server is stopping and takes no new requests."""
 
 
+class EpisodeEnded(Exception):
+    """The trainer ended the episode this request belongs to (Scheduler.end_episode)."""
+
+
 @dataclasses.dataclass(eq=False)
 class Submission:
     """One prompt's request to the engine; its outputs arrive on `events` as (request_id, item): item a list of
@@ -40,6 +44,7 @@ class Submission:
     top_logprobs: int = 0
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    episode: str | None = None
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None
     finished: int = 0  # samples that have ended
@@ -61,6 +66,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._inbox: collections.deque[Submission] = collections.deque()
         self._cancels: set[str] = set()
+        self._ended: set[str] = set()  # cancels that end an episode: the request is told why
         self._running: dict[str, Submission] = {}
         self._stopping = False
         self._pauses = 0
@@ -103,6 +109,15 @@ class Scheduler:
         with self._cond:
             self._cancels.add(request_id)
             self._cond.notify_all()
+
+    def end_episode(self, episode: str) -> int:
+        """Abort every request of `episode`, queued or decoding (each answers 409 "episode ended"); how many."""
+        with self._cond:
+            subs = [s for s in list(self._inbox) + list(self._running.values()) if s.episode == episode]
+            self._ended.update(s.request_id for s in subs)
+            self._cancels.update(s.request_id for s in subs)
+            self._cond.notify_all()
+        return len(subs)
 
     @contextlib.contextmanager
     def paused(self):
@@ -154,7 +169,7 @@ class Scheduler:
                 taken, cancels = work
                 for sub in taken:
                     if sub.request_id in cancels:
-                        self._deliver(sub, None)
+                        self._deliver(sub, self._why(sub.request_id))
                         continue
                     try:
                         self.batch.add_request(sub.request_id, sub.prompt_ids, sub.sampling, None, sub.top_logprobs,
@@ -166,11 +181,19 @@ class Scheduler:
                     if (sub := self._running.pop(request_id, None)) is not None:
                         self.batch.abort_request(request_id)
                         self.stats["aborted"] += 1
-                        self._deliver(sub, None)
+                        self._deliver(sub, self._why(request_id))
                 if self.batch.has_unfinished_requests():
                     self._step()
         finally:
             self._fail_all(ShuttingDown("the server is shutting down"))
+
+    def _why(self, request_id: str):
+        """What a cancelled request is told: nothing more (its client went away) or that its episode ended."""
+        with self._cond:
+            if request_id in self._ended:
+                self._ended.discard(request_id)
+                return EpisodeEnded("the trainer ended this request's episode")
+        return None
 
     def _step(self) -> None:
         try:

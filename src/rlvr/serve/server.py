@@ -100,6 +100,10 @@ class ServerHandle:
         with self.scheduler.paused():
             yield
 
+    def end_episode(self, episode: str) -> int:
+        """Abort the episode's calls queued or decoding (they answer 409 "episode ended"); how many were."""
+        return self.scheduler.end_episode(str(episode))
+
     def sync_weights(self, policy) -> None:
         """Copy the policy's weights into the served engine between two decode steps."""
         with self.paused():
@@ -177,7 +181,8 @@ def serve(cfg: ServeConfig, echo=print) -> None:
     name = cfg.served_model_name or cfg.model
     state = build_state(engine, tokenizer, name, max_rows=cfg.max_rows, max_queue=cfg.max_queue,
                         max_model_len=cfg.max_model_len, default_max_tokens=cfg.default_max_tokens,
-                        max_prefill_tokens=cfg.max_prefill_tokens, max_kv_mib=cfg.max_kv_mib, tool_parser=cfg.tool_parser,
+                        max_prefill_tokens=cfg.max_prefill_tokens, max_kv_mib=cfg.max_kv_mib,
+                        tool_parser=cfg.tool_parser,
                         reuse_sampled_ids=cfg.reuse_sampled_ids, api_key=cfg.api_key or os.environ.get("RLVR_API_KEY"),
                         max_body_mib=cfg.max_body_mib)
     sock = _bind(cfg.host, cfg.port)
