@@ -107,16 +107,19 @@ def test_unknown_model_route_token_and_schema(served):
 
 def test_a_client_that_disconnects_frees_its_rows(served):
     scheduler = served.scheduler
-    aborted = scheduler.stats["aborted"]
+    aborted, completed = scheduler.stats["aborted"], scheduler.stats["completed"]
     with httpx.Client(timeout=60) as http:  # streamed: closed after the first chunks
         with http.stream("POST", served.url + "/v1/chat/completions",
-                         json={"messages": USER, "stream": True, **LONG}) as response:
+                         json={"messages": USER, "stream": True, **LONG, "max_tokens": 900}) as response:
             lines = response.iter_lines()
             assert next(lines).startswith("data: ")
     _until(lambda: scheduler.stats["aborted"] == aborted + 1 and not scheduler.batch.rows)
-    with pytest.raises(httpx.ReadTimeout):  # not streamed: the client gives up waiting
-        _post(served, "/v1/completions", {"prompt": "abc", **LONG, "max_tokens": 900}, timeout=1.0)
-    _until(lambda: scheduler.stats["aborted"] == aborted + 2 and not scheduler.batch.rows)
+    with served.paused():  # not streamed: the client gives up waiting while the engine holds (it cannot finish)
+        with pytest.raises(httpx.ReadTimeout):
+            _post(served, "/v1/completions", {"prompt": "abc", **LONG}, timeout=0.5)
+        time.sleep(0.2)  # the server sees the connection close
+    _until(lambda: not scheduler.batch.rows and not scheduler.waiting and not scheduler.active)
+    assert scheduler.stats["completed"] == completed  # neither ran to its end
     answer = _post(served, "/v1/completions", {"prompt": "abc", "max_tokens": 3})  # and the server goes on
     assert answer.status_code == 200 and len(answer.json()["choices"][0]["text"]) > 0
 
@@ -132,14 +135,14 @@ def test_a_full_queue_answers_429_and_every_request_gets_an_answer():
                 codes.append((response.status_code, response.json()))
 
         threads = [threading.Thread(target=ask) for _ in range(8)]
-        for t in threads:
-            t.start()
+        with handle.paused():  # the engine takes nothing while the 8 arrive: two wait, six are refused
+            for t in threads:
+                t.start()
+            _until(lambda: len(codes) == 6)
         for t in threads:
             t.join(120)
-        assert len(codes) == 8 and {c for c, _ in codes} <= {200, 429}
-        refused = [body for code, body in codes if code == 429]
-        assert refused and all("queue is full" in b["error"]["message"] for b in refused)
-        assert sum(c == 200 for c, _ in codes) >= 3  # the row and the two queue places
+        assert len(codes) == 8 and sorted(c for c, _ in codes) == [200] * 2 + [429] * 6
+        assert all("queue is full" in b["error"]["message"] for c, b in codes if c == 429)
         assert all(len(b["choices"][0]["text"]) > 0 for c, b in codes if c == 200)
     finally:
         handle.stop()
@@ -210,27 +213,36 @@ def test_sigterm_lets_requests_in_flight_end_cleanly_and_releases_the_port(tmp_p
         banner = next(line for line in process.stdout if "rlvr serve:" in line or process.poll() is not None)
         assert f":{port}/v1" in banner and "rlvr serve:" in banner, banner
         url = f"http://127.0.0.1:{port}"
-        outcomes = []
+        outcomes, progress, first = [], {}, threading.Semaphore(0)
 
         def stream(max_tokens):
             try:
                 with httpx.stream("POST", url + "/v1/completions", timeout=60, json={
                         "prompt": "abc", "stream": True, "max_tokens": max_tokens, "ignore_eos": True}) as response:
-                    lines = [line for line in response.iter_lines() if line]
+                    lines = []
+                    for line in response.iter_lines():
+                        if line:
+                            lines.append(line)
+                            progress[max_tokens] = len(lines)
+                            if len(lines) == 1:
+                                first.release()
                     outcomes.append(("done" if lines[-1] == "data: [DONE]" else "cut", response.status_code))
             except httpx.HTTPError as err:
                 outcomes.append(("failed", type(err).__name__))
 
-        threads = [threading.Thread(target=stream, args=(n,)) for n in (120, 160, 200)]
+        sizes = (150, 200, 250)
+        threads = [threading.Thread(target=stream, args=(n,)) for n in sizes]
         for t in threads:
             t.start()
-        _until(lambda: httpx.get(url + "/health").json()["active"] == 3)
+        assert all(first.acquire(timeout=120) for _ in threads)  # every stream has begun
+        in_flight = sum(progress.get(n, 0) < n for n in sizes)  # a stream has fewer lines than tokens until its end
         process.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(90)
         assert not any(t.is_alive() for t in threads), "a request hung"
         assert process.wait(60) == 0
         assert len(outcomes) == 3 and all(kind == "done" and code == 200 for kind, code in outcomes), outcomes
+        assert in_flight >= 1
         with socket.socket() as s:  # the port is free again: a new server can listen on it (as servers bind)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", port))
