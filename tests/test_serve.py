@@ -298,3 +298,43 @@ def test_sync_weights_between_steps_serves_the_new_policy():
         assert after.choices[0].token_ids == fresh.token_ids != before
     finally:
         handle.stop()
+
+
+def test_streamed_completions_with_stop_strings_kept_and_ids_as_tokens(served):
+    handle = served[0]
+    api = client(handle)
+    args = dict(model="tiny", prompt=["Once upon", "abc"], n=2, seed=6, max_tokens=20, logprobs=1,
+                extra_body={"return_token_ids": True, "ignore_eos": True, "return_tokens_as_token_ids": True})
+    whole = api.completions.create(**args)
+    texts, ids = [""] * 4, [[] for _ in range(4)]
+    for chunk in api.completions.create(stream=True, **args):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            ids[choice.index] += choice.token_ids or []
+    assert texts == [c.text for c in whole.choices] and ids == [c.token_ids for c in whole.choices]
+    assert whole.choices[0].logprobs.tokens == [f"token_id:{i}" for i in whole.choices[0].token_ids]
+    stop = whole.choices[0].text[5:7]
+    kept = api.completions.create(**{**args, "prompt": "Once upon", "n": 1, "stop": [stop],
+                                     "extra_body": {**args["extra_body"], "include_stop_str_in_output": True}})
+    assert kept.choices[0].text == whole.choices[0].text[: whole.choices[0].text.find(stop) + len(stop)]
+
+
+def test_tool_parsers_hand_values(tmp_path):
+    from rlvr.serve.tools import load_parser, parse_hermes, parse_turn
+
+    two = 'Let me add. <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>\n<tool_call>{"name": "neg", ' \
+          '"arguments": "{\\"x\\": 2}"}'  # the second block cut by the end of the turn
+    assert parse_turn(parse_hermes, two) == ("Let me add.", [{"name": "add", "arguments": '{"a": 1}'},
+                                                            {"name": "neg", "arguments": '{"x": 2}'}])
+    for broken in ("<tool_call>{not json</tool_call>", '<tool_call>{"arguments": {}}</tool_call>',
+                   '<tool_call>{"name": "f", "arguments": "not json"}</tool_call>', "no call at all"):
+        assert parse_turn(parse_hermes, broken) == (broken, [])
+    (tmp_path / "mine.py").write_text("def parse(text):\n    if text.startswith('CALL '):\n"
+                                      "        return None, [{'name': text[5:], 'arguments': {}}]\n"
+                                      "    raise RuntimeError('not mine')\n")
+    mine = load_parser(f"{tmp_path / 'mine.py'}:parse")
+    assert parse_turn(mine, "CALL ping") == (None, [{"name": "ping", "arguments": "{}"}])
+    assert parse_turn(mine, "hello") == ("hello", [])  # a parser that raises leaves plain content
+    for bad in ("nonsense", f"{tmp_path / 'missing.py'}:parse", f"{tmp_path / 'mine.py'}:nothing"):
+        with pytest.raises(ValueError, match="tool_parser="):
+            load_parser(bad)

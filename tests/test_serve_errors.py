@@ -251,3 +251,18 @@ def test_sigterm_lets_requests_in_flight_end_cleanly_and_releases_the_port(tmp_p
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_rlvr_serve_refuses_a_bad_field_or_model_before_listening(tmp_path):
+    from typer.testing import CliRunner
+
+    from rlvr.cli import app
+
+    typo = CliRunner().invoke(app, ["serve", "--prot", "8001"])
+    assert typo.exit_code == 2 and "did you mean 'port'" in typo.output
+    parser = CliRunner().invoke(app, ["serve", "tool_parser=nowhere.py:parse"])
+    assert parser.exit_code == 2 and "tool_parser" in parser.output
+    (tmp_path / "run").mkdir()
+    empty = CliRunner().invoke(app, ["serve", str(tmp_path / "run")])
+    assert empty.exit_code == 2 and "no final/ model and no checkpoint" in empty.output
+    assert "Traceback" not in typo.output + parser.output + empty.output
