@@ -338,3 +338,31 @@ def test_tool_parsers_hand_values(tmp_path):
     for bad in ("nonsense", f"{tmp_path / 'missing.py'}:parse", f"{tmp_path / 'mine.py'}:nothing"):
         with pytest.raises(ValueError, match="tool_parser="):
             load_parser(bad)
+
+
+def test_an_unfinished_lora_run_serves_its_latest_checkpoint_merged(tmp_path):
+    from rlvr.core.checkpoint import save_checkpoint, save_final
+    from rlvr.core.models import load_model, prepare_for_training
+    from rlvr.serve.server import load_served_model, resolve_served_model
+
+    tokenizer = chat_tokenizer()
+    chat_model(tokenizer).save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    base, _ = load_model(str(tmp_path / "base"))
+    policy = prepare_for_training(base, lora_rank=2)
+    with torch.no_grad():  # a trained adapter: its B matrices are no longer zero
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    run = tmp_path / "run"
+    save_checkpoint(run, 3, policy, tokenizer, {"step": 3})
+    target, note = resolve_served_model(str(run))
+    assert target.endswith("step_000003") and "has not finished" in note
+    served, served_tokenizer = load_served_model(str(run))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    policy.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(served(ids).logits, policy(ids).logits, atol=1e-5, rtol=0)
+    assert served_tokenizer.chat_template == tokenizer.chat_template
+    save_final(run, chat_model(tokenizer, seed=4), tokenizer, {"steps": 3})  # a finished run: its final/ model
+    assert resolve_served_model(str(run))[0] == str(run / "final")

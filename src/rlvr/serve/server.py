@@ -15,7 +15,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from rlvr.core import checkpoint as ckpt
-from rlvr.core.models import load_model, load_tokenizer
+from rlvr.core.models import load_model
 from rlvr.engines.hf import HFEngine
 from rlvr.serve.calls import Hooks, ServerState
 from rlvr.serve.chat import SampledTurns
@@ -53,8 +53,11 @@ def load_served_model(name: str, dtype: str = "float32", device: str = "cpu"):
         base = json.loads(adapter.read_text(encoding="utf-8"))["base_model_name_or_path"]
         model, tokenizer = load_model(base, load_dtype, device)
         model = PeftModel.from_pretrained(model, target).merge_and_unload()
-        if (Path(target) / "tokenizer_config.json").is_file():
-            tokenizer = load_tokenizer(target)
+        if (Path(target) / "tokenizer_config.json").is_file():  # the run's own tokenizer (its chat template)
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(target)
+            tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
         return model.eval(), tokenizer
     model, tokenizer = load_model(target, load_dtype, device)
     return model.eval(), tokenizer
