@@ -144,6 +144,8 @@ def test_a_full_queue_answers_429_and_every_request_gets_an_answer():
         assert len(codes) == 8 and sorted(c for c, _ in codes) == [200] * 2 + [429] * 6
         assert all("queue is full" in b["error"]["message"] for c, b in codes if c == 429)
         assert all(len(b["choices"][0]["text"]) > 0 for c, b in codes if c == 200)
+        handle.state.draining = True  # what stop() sets first: requests still arriving are told so
+        _error(_post(handle, "/v1/completions", {"prompt": "a", "max_tokens": 2}), 503, "shutting down")
     finally:
         handle.stop()
 

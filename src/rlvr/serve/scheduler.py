@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 
 from rlvr.engines.base import SamplingParams
 
@@ -184,6 +185,9 @@ class Scheduler:
                         self._deliver(sub, self._why(request_id))
                 if self.batch.has_unfinished_requests():
                     self._step()
+                    # hand the GIL to the event loop between steps (requests arriving, answers going out): 16
+                    # streamed clients of the tiny test model, first token median 0.036-0.042 s against 0.056-0.27 s
+                    time.sleep(0)
         finally:
             self._fail_all(ShuttingDown("the server is shutting down"))
 
