@@ -366,3 +366,17 @@ def test_an_unfinished_lora_run_serves_its_latest_checkpoint_merged(tmp_path):
     assert served_tokenizer.chat_template == tokenizer.chat_template
     save_final(run, chat_model(tokenizer, seed=4), tokenizer, {"steps": 3})  # a finished run: its final/ model
     assert resolve_served_model(str(run))[0] == str(run / "final")
+
+
+def test_an_episode_gets_back_its_own_sampled_ids_only(served):
+    handle, _, _, tokenizer, records = served
+    first = client(handle, base_url=handle.episode_url("a")).chat.completions.create(
+        model="tiny", messages=HELLO, seed=4, max_tokens=6, extra_body={"return_token_ids": True})
+    again = HELLO + [{"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "And 3+4?"}]
+    for episode, spliced in (("a", 1), ("b", 0)):
+        client(handle, base_url=handle.episode_url(episode)).chat.completions.create(
+            model="tiny", messages=again, max_tokens=1)
+        assert records[-1].episode == episode and records[-1].spliced_turns == spliced
+    tokens = httpx.post(handle.episode_url("a").removesuffix("/v1") + "/tokenize", json={"messages": again}).json()
+    assert tokens["tokens"][: len(first.prompt_token_ids)] == first.prompt_token_ids

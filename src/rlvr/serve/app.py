@@ -141,7 +141,7 @@ def build_app(state: ServerState) -> FastAPI:
                        x_episode_id: str | None = Header(None)):
         return await endpoints.generate(state, body, request, episode_of(episode, x_episode_id))
 
-    async def tokenize(body: TokenizeRequest):
+    async def tokenize(body: TokenizeRequest, episode: str | None = None, x_episode_id: str | None = Header(None)):
         state.check(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give either prompt or messages", "prompt")
@@ -151,7 +151,8 @@ def build_app(state: ServerState) -> FastAPI:
                 check_tools(tools)
             ids, _ = await run_in_threadpool(render_chat, state.tokenizer, body.messages, tools, None,
                                              body.add_generation_prompt, body.continue_final_message,
-                                             body.chat_template_kwargs, state.memory)
+                                             body.chat_template_kwargs, None if state.memory is None else
+                                             state.memory.scoped(episode_of(episode, x_episode_id)))
         else:
             ids = await run_in_threadpool(
                 lambda: state.tokenizer(body.prompt, add_special_tokens=body.add_special_tokens).input_ids)

@@ -4,8 +4,8 @@ a tool format, and the sampled ids of earlier turns put back where a prompt re-r
 Token exactness across turns. An agent's second call re-sends the first turn as text; tokenising that text again
 need not give the ids the engine sampled (a model may sample a non-canonical split of a word; a turn cut at a
 length limit has no end token). `SampledTurns` remembers, for recent completions, the sampled ids by the content
-returned (and by tool-call ids, for a turn returned as tool calls); a prompt that renders such a turn gets those ids
-in its place. So a second prompt starts with the first prompt + the sampled ids whenever the template renders the
+returned (and by tool-call ids, for a turn returned as tool calls), within each episode; a prompt of that episode
+that renders such a turn gets those ids in its place. So a second prompt starts with the first prompt + the sampled ids whenever the template renders the
 first prompt unchanged as the start of the second and the earlier turn's content as it was returned. Where not:
 
 - a template that rewrites history (Qwen3 drops <think> blocks of earlier turns; a template that strips or
@@ -35,34 +35,38 @@ from rlvr.serve.tools import hermes_call_text, tools_prompt
 
 
 class SampledTurns:
-    """The engine's ids for recent completions, keyed by the content returned and by tool-call ids (LRU)."""
+    """The engine's ids for recent completions, keyed by the content returned and by tool-call ids (LRU), per
+    episode (`scoped`): an episode's prompt gets back its own turns' ids, never another's for the same text."""
 
-    def __init__(self, max_entries: int = 4096):
-        self.max_entries = max_entries
-        self.by_text: collections.OrderedDict[str, list[int]] = collections.OrderedDict()
-        self.by_calls: collections.OrderedDict[tuple[str, ...], str] = collections.OrderedDict()
-        self.lock = threading.Lock()
+    def __init__(self, max_entries: int = 4096, scope: tuple = (None,), tables=None):
+        self.max_entries, self.scope = max_entries, scope
+        self.by_text, self.by_calls, self.lock = tables or (collections.OrderedDict(), collections.OrderedDict(),
+                                                            threading.Lock())
+
+    def scoped(self, episode: str | None) -> SampledTurns:
+        """The same tables, keyed within `episode` (None: calls attributed to no episode)."""
+        return SampledTurns(self.max_entries, (episode,), (self.by_text, self.by_calls, self.lock))
 
     def remember(self, text: str, ids: list[int], call_ids: tuple[str, ...] = ()) -> None:
         """`ids` decode to `text` exactly (the caller checks); `call_ids`: the tool calls returned for it."""
         if not text or self.max_entries <= 0:
             return
         with self.lock:
-            self.by_text[text] = list(ids)
-            self.by_text.move_to_end(text)
+            self.by_text[self.scope + (text,)] = list(ids)
+            self.by_text.move_to_end(self.scope + (text,))
             if call_ids:
-                self.by_calls[tuple(call_ids)] = text
+                self.by_calls[self.scope + tuple(call_ids)] = text
             for table in (self.by_text, self.by_calls):
                 while len(table) > self.max_entries:
                     table.popitem(last=False)
 
     def ids(self, text: str) -> list[int] | None:
         with self.lock:
-            return self.by_text.get(text)
+            return self.by_text.get(self.scope + (text,))
 
     def call_text(self, call_ids: tuple[str, ...]) -> str | None:
         with self.lock:
-            return self.by_calls.get(call_ids)
+            return self.by_calls.get(self.scope + tuple(call_ids))
 
 
 def native_tools(tokenizer) -> bool:

@@ -28,13 +28,13 @@ def _usage(call: Call) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": sampled, "total_tokens": prompt + sampled}
 
 
-def _remember(state, choice, text: str, tool_calls: list[dict]) -> None:
-    """Keep a finished turn's sampled ids for a later prompt that re-renders it (rlvr.serve.chat)."""
-    if state.memory is None or choice.finish_reason not in ("stop", "length"):
+def _remember(memory, tokenizer, choice, text: str, tool_calls: list[dict]) -> None:
+    """Keep a finished turn's sampled ids for a later prompt of its episode that re-renders it (rlvr.serve.chat)."""
+    if memory is None or choice.finish_reason not in ("stop", "length"):
         return
     ids = choice.text_ids()
-    if state.tokenizer.decode(ids, skip_special_tokens=False) == text:
-        state.memory.remember(text, ids, tuple(c["id"] for c in tool_calls))
+    if tokenizer.decode(ids, skip_special_tokens=False) == text:
+        memory.remember(text, ids, tuple(c["id"] for c in tool_calls))
 
 
 def _tool_calls(calls: list[dict]) -> list[dict]:
@@ -79,9 +79,10 @@ async def chat_completion(state, body: ChatCompletionRequest, request, episode: 
         raise APIError(400, "response_format other than text is not supported (rlvr does not constrain decoding)",
                        "response_format")
     choice = body.tool_choice.model_dump() if isinstance(body.tool_choice, BaseModel) else body.tool_choice
+    memory = state.memory.scoped(episode) if state.memory is not None else None
     ids, spliced = await run_in_threadpool(
         render_chat, state.tokenizer, body.messages, tools, choice, body.add_generation_prompt,
-        body.continue_final_message, body.chat_template_kwargs, state.memory)
+        body.continue_final_message, body.chat_template_kwargs, memory)
     sampling = sampling_params(body, len(ids), state.max_model_len, state.default_max_tokens,
                                body.max_completion_tokens or body.max_tokens)
     parsing = bool(tools) and choice != "none" and state.parser is not parse_none
@@ -93,7 +94,7 @@ async def chat_completion(state, body: ChatCompletionRequest, request, episode: 
                 body.model_dump(exclude_none=True), top, body.stop_token_ids, body.ignore_eos, spliced)
     call.admit()
     if body.stream:
-        return _chat_stream(state, call, body, parsing, marker)
+        return _chat_stream(state, call, body, parsing, marker, memory)
     await call.wait(request)
     out, texts, made = [], [], []
     for c in call.choices:
@@ -110,7 +111,7 @@ async def chat_completion(state, body: ChatCompletionRequest, request, episode: 
         out.append(entry)
         texts.append(text)
         made.append(calls or None)
-        _remember(state, c, text, calls)
+        _remember(memory, state.tokenizer, c, text, calls)
     answer = {"id": f"chatcmpl-{call.id}", "object": "chat.completion", "created": call.created,
               "model": state.model_name, "choices": out, "usage": _usage(call)}
     if body.return_token_ids:
@@ -119,7 +120,7 @@ async def chat_completion(state, body: ChatCompletionRequest, request, episode: 
     return JSONResponse(answer)
 
 
-def _chat_stream(state, call: Call, body: ChatCompletionRequest, parsing: bool, marker: str | None):
+def _chat_stream(state, call: Call, body: ChatCompletionRequest, parsing: bool, marker: str | None, memory):
     top = (body.top_logprobs or 0) if body.logprobs else 0
     made: dict[int, list] = {}
     first = [{"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -152,7 +153,7 @@ def _chat_stream(state, call: Call, body: ChatCompletionRequest, parsing: bool, 
         if c.done:
             entry["finish_reason"], entry["stop_reason"] = ("tool_calls" if calls else c.finish_reason), c.stop_reason
             c.closed = True
-            _remember(state, c, c.text(), calls)
+            _remember(memory, state.tokenizer, c, c.text(), calls)
         return entry
 
     def tail():
