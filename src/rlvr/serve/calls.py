@@ -105,9 +105,9 @@ class Call:
             need = batch.kv_bytes(len(ids), self.sampling)
             if batch.max_kv_bytes and need > batch.max_kv_bytes:
                 raise APIError(400, f"{self.sampling.n} choice(s) of {len(ids)} prompt + "
-                                    f"{self.sampling.max_new_tokens} new tokens need {need / 2**20:.0f} MiB of KV cache, more than the server's "
-                                    f"{batch.max_kv_bytes / 2**20:.0f} MiB (`rlvr serve max_kv_mib=`): ask for fewer "
-                                    "max_tokens or choices", "max_tokens")
+                                    f"{self.sampling.max_new_tokens} new tokens need {need / 2**20:.0f} MiB of KV "
+                                    f"cache, more than the server's {batch.max_kv_bytes / 2**20:.0f} MiB (`rlvr serve "
+                                    "max_kv_mib=`): ask for fewer max_tokens or choices", "max_tokens")
         hook = self.state.hooks.admit
         if hook is not None:
             start = CallStart(self.episode, self.endpoint, sum(map(len, self.prompts)), self.sampling.max_new_tokens,

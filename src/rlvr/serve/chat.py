@@ -5,8 +5,9 @@ Token exactness across turns. An agent's second call re-sends the first turn as 
 need not give the ids the engine sampled (a model may sample a non-canonical split of a word; a turn cut at a
 length limit has no end token). `SampledTurns` remembers, for recent completions, the sampled ids by the content
 returned (and by tool-call ids, for a turn returned as tool calls), within each episode; a prompt of that episode
-that renders such a turn gets those ids in its place. So a second prompt starts with the first prompt + the sampled ids whenever the template renders the
-first prompt unchanged as the start of the second and the earlier turn's content as it was returned. Where not:
+that renders such a turn gets those ids in its place. So a second prompt starts with the first prompt + the
+sampled ids whenever the template renders the first prompt unchanged as the start of the second and the earlier
+turn's content as it was returned. Where not:
 
 - a template that rewrites history (Qwen3 drops <think> blocks of earlier turns; a template that strips or
   reformats content): the prefix breaks there; rendered text is checked, and a turn it changed is tokenised from
