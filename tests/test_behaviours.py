@@ -324,10 +324,11 @@ def test_split_seed_moves_the_validation_questions_and_the_run_seed_does_not(tmp
     # a JSONL dataset: a seeded tenth of the file validates
     data = tmp_path / "qa.jsonl"
     data.write_text("".join(f'{{"question": "q{i}?", "answer": "{i}"}}\n' for i in range(60)))
-    jsonl = lambda **kw: _ids(load_split(TrainConfig(dataset=str(data), **kw), "validation"))  # noqa: E731
+    jsonl = lambda split="validation", **kw: _ids(load_split(  # noqa: E731
+        TrainConfig(dataset=str(data), prompt="r1_zero", **kw), split))
     assert len(jsonl()) == 6 and jsonl(seed=5) == jsonl() and jsonl(split_seed=2) != jsonl()
-    assert set(_ids(load_split(TrainConfig(dataset=str(data), seed=5), "train"))) == \
-        {f"qa:{i}" for i in range(1, 61)} - set(jsonl())
+    assert len(jsonl("test")) == 6 and not set(jsonl("test")) & set(jsonl())  # a test tenth, held out too
+    assert set(jsonl("train", seed=5)) == {f"qa:{i}" for i in range(1, 61)} - set(jsonl()) - set(jsonl("test"))
 
 
 # ----------------------------------------------------------------------------------------------------

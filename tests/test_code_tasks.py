@@ -240,18 +240,19 @@ def test_load_dataset_dispatches_code_names_and_code_jsonl(tmp_path):
         {"question": f"Return {i}.", "tests": [f"assert f() == {i}"], "entry_point": "f",
          "solution": f"def f():\n    return {i}"} for i in range(50)])
     train, val, test = (load_dataset(str(path), split) for split in ("train", "validation", "test"))
-    assert (len(train), len(val), len(test)) == (45, 5, 50)  # the same holdout as a math JSONL
+    assert (len(train), len(val), len(test)) == (40, 5, 5)  # the same holdout as a math JSONL
     assert not {e.question for e in train} & {e.question for e in val}
     assert [e.question for e in load_dataset(str(path), "validation")] == [e.question for e in val]
-    assert _tests(test[7]) == ["assert f() == 7"] and test[7].solution == "def f():\n    return 7"
+    every = load_dataset(str(path), "all")
+    assert _tests(every[7]) == ["assert f() == 7"] and every[7].solution == "def f():\n    return 7"
     # the configured field names reach the code loader; a math JSONL is still read by load_jsonl
     mbpp = _write(tmp_path / "mbpp.jsonl", [{"text": "Return 1.", "test_list": ["assert g() == 1"], "code": "x"}])
-    rows = load_dataset(str(mbpp), "test", question_field="text", tests_field="test_list", solution_field="code")
+    rows = load_dataset(str(mbpp), "all", question_field="text", tests_field="test_list", solution_field="code")
     assert rows[0].question == "Return 1." and rows[0].solution == "x"
     with pytest.raises(DataError, match=r"mbpp\.jsonl:1: missing field 'question'"):
-        load_dataset(str(mbpp), "test")  # without its tests field named it is a math file
+        load_dataset(str(mbpp), "all")  # without its tests field named it is a math file
     math = _write(tmp_path / "math.jsonl", [{"question": "1+1?", "answer": 2}])
-    assert load_dataset(str(math), "test")[0].answer == "2"
+    assert load_dataset(str(math), "all")[0].answer == "2"
 
 
 def test_is_code_dataset(tmp_path):

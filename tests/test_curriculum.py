@@ -1,6 +1,7 @@
 """The online pass-rate curriculum (issue 39.1, rlvr.stages.curriculum): pools by hand, the batch's shares,
 determinism for a seed, exact resume, and a run with it on (local and with dynamic sampling)."""
 
+import json
 import types
 
 import pytest
@@ -164,8 +165,15 @@ def test_groups_with_spread_are_counted():
 
 
 def _run(model_dir, out, **kw):
-    return train_cfg(model_dir, out, **{"train_limit": 6, "steps": 6, "rollout_batch_size": 8, "group_size": 4,
-                                        "eval_every": 0, "eval_at_start": False, "curriculum.enabled": True,
+    # six fixed questions, the generator's first (what the tiny model does on them sets the pools below)
+    from rlvr.tasks.arithmetic import ArithmeticSpec, arithmetic
+
+    rows = out.parent / "six.jsonl"
+    rows.write_text("".join(json.dumps({"question": e.question, "answer": e.answer}) + "\n"
+                            for e in arithmetic("train", n=6, spec=ArithmeticSpec(steps=1, max=9))))
+    return train_cfg(model_dir, out, **{"dataset": str(rows), "prompt": "r1_zero", "steps": 6,
+                                        "rollout_batch_size": 8, "group_size": 4, "eval_every": 0,
+                                        "eval_at_start": False, "eval_at_end": False, "curriculum.enabled": True,
                                         "curriculum.min_samples": 4, **kw})
 
 

@@ -29,7 +29,7 @@ def test_load_jsonl_custom_fields_and_plain_answers(tmp_path):
     rows = load_jsonl(path, question_field="q", answer_field="a")
     assert [(r.question, r.answer) for r in rows] == [("What is 2+2?", "4"), ("Half of 9?", "4.5")]
     assert rows[1].id == "mine:3"
-    assert load_dataset(str(path), "test", question_field="q", answer_field="a")[0].answer == "4"
+    assert load_dataset(str(path), "all", question_field="q", answer_field="a")[0].answer == "4"
 
 
 @pytest.mark.parametrize(
@@ -143,6 +143,7 @@ def test_jsonl_dataset_holds_out_a_fixed_validation_tenth(tmp_path):
     train = load_dataset(str(path), "train", **fields)
     val = load_dataset(str(path), "validation", **fields)
     test = load_dataset(str(path), "test", **fields)
-    assert (len(train), len(val), len(test)) == (45, 5, 50)
+    assert (len(train), len(val), len(test)) == (40, 5, 5)
     assert not {e.question for e in train} & {e.question for e in val}
+    assert not {e.question for e in train + val} & {e.question for e in test}
     assert [e.answer for e in load_dataset(str(path), "validation", **fields)] == [e.answer for e in val]

@@ -446,7 +446,7 @@ def test_grid_expands_into_run_configs_and_directory_names(tmp_path):
 def test_sweep_checks_a_jsonl_dataset_with_its_own_field_names(tmp_path):
     data = tmp_path / "qa.jsonl"
     data.write_text("".join(f'{{"q": "question {i}?", "a": {i}}}\n' for i in range(20)))
-    base = {**BASE, "dataset": str(data), "question_field": "q", "answer_field": "a"}
+    base = {**BASE, "dataset": str(data), "question_field": "q", "answer_field": "a", "prompt": "r1_zero"}
     plan = plan_sweep(load_sweep(write_sweep(tmp_path / "qa.yaml", {"seed": [0, 1]}, base=base)))
     assert [r.status for r in plan] == ["new", "new"]
     wrong = {**base, "question_field": "question"}

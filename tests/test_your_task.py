@@ -88,7 +88,7 @@ def test_both_signatures_from_a_file_mix_with_built_ins_and_each_term_is_logged(
     cfg = load_config(EvalConfig, overrides={"dataset": data, "prompt": "row", "rewards": {
         f"{rewards_file}:short_answer": 1.0, f"{rewards_file}:length_penalty": 1.0,
         f"{rewards_file}:per_sample": 0.5, "answer_tag": 0.25}})
-    rows = load_dataset(data, "test")[:2]
+    rows = load_dataset(data, "all")[:2]
     scores = _score(cfg, ["0", "<answer>9</answer>"], rows)
     # row 0: short 1, length -0.01 x 1, per_sample 1 x 0.5, answer_tag 0 -> 1.49
     assert scores[0]["reward"] == pytest.approx(1.0 - 0.01 + 0.5)
@@ -101,7 +101,7 @@ def test_both_signatures_from_a_file_mix_with_built_ins_and_each_term_is_logged(
 def test_the_row_columns_reach_both_signatures(rewards_file, data):
     cfg = load_config(EvalConfig, overrides={"dataset": data, "prompt": "row",
                                              "rewards": {f"{rewards_file}:reads_row": 1.0}})
-    rows = load_dataset(data, "test")[:2]
+    rows = load_dataset(data, "all")[:2]
     assert [s["reward"] for s in _score(cfg, ["3 kg", "3 lb"], rows)] == [1.0, 0.0]
     assert rows[0].fields == {"prompt": "0+0=", "answer": "0", "n": 0, "unit": "kg"}
 
@@ -111,19 +111,20 @@ def test_none_leaves_the_weighted_sum_and_the_term_mean(rewards_file, data):
 
     cfg = load_config(EvalConfig, overrides={"dataset": data, "prompt": "row", "rewards": {
         f"{rewards_file}:only_even": 1.0, f"{rewards_file}:short_answer": 2.0}})
-    rows = load_dataset(data, "test")[:4]  # n = 0, 1, 2, 3
+    rows = load_dataset(data, "all")[:4]  # n = 0, 1, 2, 3
     scores = _score(cfg, ["0", "2", "x", "6"], rows)
     assert [s["reward"] for s in scores] == [3.0, 2.0, 1.0, 2.0]
     assert ["reward/only_even" in s for s in scores] == [True, False, True, False]
     _, meta = rewards_and_metadata(scores, {})
     assert meta["reward/only_even_mean"] == 1.0 and meta["reward/only_even_std"] == 0.0  # over the 2 rows it applies to
-    assert meta["reward/short_answer_mean"] == 0.75 and meta["reward/short_answer_std"] == pytest.approx(0.4330127)
+    # TRL divides by n - 1 (torch.std): 1, 1, 0, 1 has variance 0.75 / 3
+    assert meta["reward/short_answer_mean"] == 0.75 and meta["reward/short_answer_std"] == pytest.approx(0.5)
 
 
 def test_async_functions_run_and_their_values_count(rewards_file, data):
     cfg = load_config(EvalConfig, overrides={"dataset": data, "prompt": "row", "rewards": {
         f"{rewards_file}:judge": 1.0, f"{rewards_file}:short_answer": 1.0}})
-    rows = load_dataset(data, "test")[:3]
+    rows = load_dataset(data, "all")[:3]
     assert [s["reward"] for s in _score(cfg, ["0", "1", "4"], rows)] == [1.5, 0.5, 1.5]
 
 
@@ -137,7 +138,7 @@ def test_bad_output_is_an_error_naming_the_function_and_the_row(rewards_file, da
     cfg = load_config(EvalConfig, overrides={"dataset": data, "prompt": "row",
                                              "rewards": {f"{rewards_file}:{name}": 1.0}})
     with pytest.raises(RewardError, match=message):
-        _score(cfg, ["0", "1"], load_dataset(data, "test")[:2])
+        _score(cfg, ["0", "1"], load_dataset(data, "all")[:2])
 
 
 @pytest.mark.parametrize("name, message", [
@@ -177,7 +178,7 @@ def test_a_reward_from_a_package_module(tmp_path, monkeypatch, data):
     (pkg / "scoring.py").write_text("def exact(response, ground_truth):\n    return float(response == ground_truth)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = load_config(EvalConfig, overrides={"dataset": data, "prompt": "row", "rewards": {"mypkg.scoring:exact": 1}})
-    assert [s["reward"] for s in _score(cfg, ["0", "5"], load_dataset(data, "test")[:2])] == [1.0, 0.0]
+    assert [s["reward"] for s in _score(cfg, ["0", "5"], load_dataset(data, "all")[:2])] == [1.0, 0.0]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -205,12 +206,13 @@ def _write_all(tmp_path):
 
 def test_every_format_gives_the_same_rows_with_every_column(tmp_path):
     for fmt, path in _write_all(tmp_path).items():
-        test = load_dataset(path, "test")
-        assert [(e.question, e.answer) for e in test] == [(r["question"], r["answer"]) for r in ROWS], fmt
-        assert test[4].fields["level"] == 1, fmt
-        train, val = load_dataset(path, "train"), load_dataset(path, "validation")
-        assert len(train) == 27 and len(val) == 3, fmt  # a seeded tenth held out, as for JSONL
+        every = load_dataset(path, "all")
+        assert [(e.question, e.answer) for e in every] == [(r["question"], r["answer"]) for r in ROWS], fmt
+        assert every[4].fields["level"] == 1, fmt
+        train, val, test = (load_dataset(path, s) for s in ("train", "validation", "test"))
+        assert (len(train), len(val), len(test)) == (24, 3, 3), fmt  # a seeded tenth held out for each, as for JSONL
         assert {e.question for e in val} == {e.question for e in load_dataset(paths_jsonl(tmp_path), "validation")}
+        assert {e.question for e in test} == {e.question for e in load_dataset(paths_jsonl(tmp_path), "test")}
 
 
 def paths_jsonl(tmp_path):
@@ -222,37 +224,40 @@ def test_a_saved_dataset_dict_keeps_its_own_splits(tmp_path):
 
     datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS[:20]),
                           "validation": datasets.Dataset.from_list(ROWS[20:])}).save_to_disk(tmp_path / "dd")
-    assert len(load_dataset(str(tmp_path / "dd"), "train")) == 20
     assert [e.answer for e in load_dataset(str(tmp_path / "dd"), "validation")] == [r["answer"] for r in ROWS[20:]]
-    with pytest.raises(DataError, match=r"has splits train, validation, not 'test'"):
-        load_dataset(str(tmp_path / "dd"), "test")
+    # no test split of its own: a seeded tenth of its train split is held out for one, and not trained on
+    train, test = load_dataset(str(tmp_path / "dd"), "train"), load_dataset(str(tmp_path / "dd"), "test")
+    assert (len(train), len(test)) == (18, 2)
+    assert not {e.question for e in train} & {e.question for e in test}
+    assert {e.question for e in train + test} == {r["question"] for r in ROWS[:20]}
 
 
 def test_a_validation_file_of_its_own(tmp_path):
     train = _rows(tmp_path / "t.jsonl", ROWS[:10])
     val = _rows(tmp_path / "v.jsonl", ROWS[10:13])
-    cfg = load_config(TrainConfig, overrides={"dataset": train, "validation_dataset": val})
+    cfg = load_config(TrainConfig, overrides={"dataset": train, "validation_dataset": val, "prompt": "r1_zero"})
     task = load_task(cfg)
-    assert len(task.split("train")) == 10 and [e.answer for e in task.split("validation")] == ["30", "33", "36"]
+    # the file's test tenth (1 of 10 rows) is still held out; no validation tenth is: validation is the other file
+    assert len(task.split("train")) == 9 and [e.answer for e in task.split("validation")] == ["30", "33", "36"]
 
 
 def test_table_errors_name_the_file_the_row_and_the_column(tmp_path):
     path = _rows(tmp_path / "bad.jsonl", [{"question": "a", "answer": "1"}, {"q": "b", "answer": "2"}])
     with pytest.raises(DataError, match=r"bad\.jsonl:2: missing field 'question' \(fields present: q, answer\)"):
-        load_dataset(path, "test")
+        load_dataset(path, "all")
     import datasets
 
     datasets.Dataset.from_list([{"question": "a"}, {"question": "b"}]).to_parquet(tmp_path / "bad.parquet")
     with pytest.raises(DataError, match=r"bad\.parquet row 0: missing field 'answer'"):
-        load_dataset(str(tmp_path / "bad.parquet"), "test")
+        load_dataset(str(tmp_path / "bad.parquet"), "all")
     # a user's reward reads what it needs: no answer column is required then
-    assert load_dataset(str(tmp_path / "bad.parquet"), "test", require_answer=False)[1].answer == ""
+    assert load_dataset(str(tmp_path / "bad.parquet"), "all", require_answer=False)[1].answer == ""
     chat = _rows(tmp_path / "chat.jsonl", [{"prompt": [{"role": "user", "text": "hi"}]}])
     with pytest.raises(DataError, match=r"chat\.jsonl:1: column 'prompt' message 0 must be \{role"):
-        load_dataset(chat, "test", require_answer=False)
+        load_dataset(chat, "all", require_answer=False)
     (tmp_path / "broken.csv").write_bytes(b"question,answer\n\"a,1\n")
     with pytest.raises(DataError, match=r"broken\.csv"):
-        load_dataset(str(tmp_path / "broken.csv"), "test")
+        load_dataset(str(tmp_path / "broken.csv"), "all")
 
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
@@ -263,7 +268,7 @@ def test_chat_rows_templates_system_prompt_and_stop(tmp_path, tokenizer):
     tokenizer = type(tokenizer).from_pretrained(_save(tokenizer, tmp_path))
     tokenizer.chat_template = CHAT_TEMPLATE
     chat = _rows(tmp_path / "chat.jsonl", [{"prompt": [{"role": "user", "content": "Name a prime."}], "n": 7}])
-    row = load_dataset(chat, "test", require_answer=False)[0]
+    row = load_dataset(chat, "all", require_answer=False)[0]
     assert row.question == "Name a prime." and row.conversation[0]["content"] == "Name a prime."
     prompt = resolve_prompt("row", stop=["</a>"], system_prompt="Be brief.")
     assert prompt.stop == ("</a>",)
@@ -300,14 +305,16 @@ def test_trl_completions_are_messages_for_conversational_rows(tmp_path, rewards_
         rows = [Example("hi", "", id="c:1", fields={"prompt": [{"role": "user", "content": "hi"}], "n": 1},
                         conversation=({"role": "user", "content": "hi"},)),
                 Example("2+2=", "4", id="c:2", fields={"prompt": "2+2=", "n": 2})]
-        context = RewardContext(prompts=["<rendered 1>", "2+2="], completion_ids=[[1], [2, 3]], rows=rows, step=5)
+        context = RewardContext(prompts=["<rendered 1>", "2+2="], completion_ids=[[1], [2, 3]], rows=rows, step=5,
+                                global_step=4, max_steps=10)
         score_batch(UserReward("spy"), ["yo", "4"], ["", "4"], context)
     finally:
         del USER_REWARDS["spy"]
     assert seen["completions"] == [[{"role": "assistant", "content": "yo"}], "4"]
     assert seen["prompts"] == [[{"role": "user", "content": "hi"}], "2+2="]
     assert seen["kwargs"]["n"] == [1, 2] and seen["kwargs"]["completion_ids"] == [[1], [2, 3]]
-    assert seen["kwargs"]["trainer_state"] == {"global_step": 5}
+    state = seen["kwargs"]["trainer_state"]  # TRL's: transformers' TrainerState, the optimizer steps done
+    assert (state.global_step, state.max_steps, state["global_step"]) == (4, 10, 4)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -346,7 +353,7 @@ def test_check_task_says_when_a_reward_cannot_vary(tmp_path, rewards_file, data)
     constant = load_config(TrainConfig, overrides={"dataset": data, "prompt": "row", "solution_field": "answer",
                                                    "rewards": {f"{rewards_file}:judge": 1.0}})
     report = check_task(load_task(constant), n=4)
-    assert report.rows == {"train": 18, "validation": 2, "test": 20}
+    assert report.rows == {"train": 16, "validation": 2, "test": 2}
     assert report.prompts == ["0+0=", "1+1="] or len(report.prompts) == 2
     assert report.reward_range == (0.5, 0.5)
     assert any("GRPO would learn nothing" in w for w in report.warnings)
@@ -365,7 +372,7 @@ def test_check_task_command(tmp_path, model_dir, rewards_file, data):
                                       "solution_field=answer", "--rows", "3",
                                       f"rewards={{{rewards_file}:judge: 1.0}}"])
     assert result.exit_code == 0, result.output
-    assert "rows: train 18, validation 2, test 20" in result.output and "prompt tokens: mean" in result.output
+    assert "rows: train 16, validation 2, test 2" in result.output and "prompt tokens: mean" in result.output
     assert "GRPO would learn nothing" in result.output
 
 
@@ -387,7 +394,8 @@ def test_rlvr_train_from_python_with_callables_and_rows_in_memory(tmp_path, mode
     assert [m["step"] for m in metrics] == [1, 2]
     assert "train/reward/ends_in_digit" in metrics[0] and "train/reward/per_row" in metrics[0]
     cfg = load_config(TrainConfig, run / "config.yaml")
-    assert cfg.rewards == {"ends_in_digit": 1.0, "per_row": 2.0} and cfg.validation_dataset.endswith(".jsonl")
+    assert cfg.rewards == {"python:0:ends_in_digit": 1.0, "python:1:per_row": 2.0}
+    assert cfg.validation_dataset.endswith(".jsonl")
     summary = rlvr.evaluate({"model": str(model_dir), "prompt": "row", "max_new_tokens": 4, "out": str(tmp_path / "e"),
                              "dtype": "float32"}, reward_funcs=[ends_in_digit], dataset=rows[:3])
     assert summary["n"] == 3 and 0.0 <= summary["accuracy"] <= 1.0 and not math.isnan(summary["accuracy"])
@@ -489,7 +497,7 @@ def test_async_functions_are_awaited_together(data):
     try:
         cfg = load_config(EvalConfig, overrides={"dataset": data, "prompt": "row",
                                                  "rewards": {"first": 1.0, "second": 1.0}})
-        assert [s["reward"] for s in _score(cfg, ["0", "2"], load_dataset(data, "test")[:2])] == [1.5, 1.5]
+        assert [s["reward"] for s in _score(cfg, ["0", "2"], load_dataset(data, "all")[:2])] == [1.5, 1.5]
     finally:
         del USER_REWARDS["first"], USER_REWARDS["second"]
 
@@ -498,15 +506,13 @@ def test_a_trl_reward_reads_the_training_step(tmp_path, model_dir, data):
     seen = []
 
     def steps(completions, trainer_state, **kwargs):
-        seen.append(trainer_state["global_step"])
+        seen.append((trainer_state.global_step, trainer_state.max_steps))
         return [0.0 for _ in completions]
 
-    USER_REWARDS["steps"] = steps
-    try:
-        from rlvr.training import rl
+    import rlvr
 
-        rl.train_grpo(train_cfg(model_dir, tmp_path / "run", dataset=data, prompt="row", rewards={"steps": 1.0},
-                                eval_every=0, eval_at_start=False, eval_at_end=False))
-    finally:
-        del USER_REWARDS["steps"]
-    assert seen[-3:] == [1, 2, 3]  # (before them: the start-of-run task check, at step 0)
+    base = train_cfg(model_dir, tmp_path / "run", dataset=data, prompt="row", eval_every=0, eval_at_start=False,
+                     eval_at_end=False, algorithm="grpo_clip", steps_per_rollout=2, rewards={"answer_tag": 1.0})
+    rlvr.train(base.model_dump(by_alias=True, exclude_unset=True), reward_funcs=[steps])
+    # TRL's value: the optimizer steps done when the batch was sampled (2 a rollout batch here), of 3 x 2
+    assert seen[-3:] == [(0, 6), (2, 6), (4, 6)]  # (before them: the start-of-run task check)

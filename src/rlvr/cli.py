@@ -81,13 +81,18 @@ def _run(cls, config: Path | None, ctx: typer.Context, module: str, function: st
     from importlib import import_module
 
     from rlvr.sandbox import SandboxUnavailable
-    from rlvr.stages.run import RunInterrupted
+    from rlvr.stages.run import RunFailed, RunInterrupted
 
     try:
         getattr(import_module(module), function)(cfg)
     except RunInterrupted as stopped:
         typer.secho(str(stopped), fg=typer.colors.YELLOW, err=True)
         raise typer.Exit(130)
+    except RunFailed as failed:  # a step raised: the steps before it are saved, the message says how to go on
+        if _debug():
+            raise
+        typer.secho(f"error: {failed}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1)
     except KeyboardInterrupt:  # a second Ctrl-C: stopped inside a step, which is not saved
         typer.secho(f"interrupted inside a step; the last checkpoint in {getattr(cfg, 'out', '.')} (if any) is kept. "
                     f"Continue with the same command and resume=true", fg=typer.colors.YELLOW, err=True)
@@ -142,15 +147,21 @@ def check_task_command(ctx: typer.Context, config: Path = ConfigOption,
     from rlvr.stages.check import check_task
     from rlvr.tasks.task import load_task
 
+    from rlvr.stages.check import model_context
+
     try:
         task = load_task(cfg)
         tokenizer = load_tokenizer(cfg.model)
-        report = check_task(task, tokenizer=tokenizer, n=rows)
+        report = check_task(task, tokenizer=tokenizer, n=rows, context=model_context(cfg.model),
+                            max_new_tokens=max(cfg.max_new_tokens, cfg.eval_max_new_tokens))
     except ValueError as err:
         if _debug():
             raise
         _fail(str(err))
     typer.echo("rows: " + ", ".join(f"{split} {count}" for split, count in report.rows.items()))
+    for error in dict.fromkeys(report.errors.values()):  # one error of several splits, said once
+        splits = [split for split, e in report.errors.items() if e == error]
+        typer.secho(f"error ({', '.join(splits)}): {error}", fg=typer.colors.RED)
     for k, prompt in enumerate(report.prompts):
         typer.echo(f"--- prompt {k + 1} ---\n{prompt}")
     if report.prompt_tokens:
@@ -168,7 +179,8 @@ def check_task_command(ctx: typer.Context, config: Path = ConfigOption,
         typer.echo(f"  {term}: reference {sum(ref) / max(len(ref), 1):g}, empty {sum(emp) / max(len(emp), 1):g}")
     for warning in report.warnings:
         typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW)
-    typer.echo("ok" if not report.warnings else f"{len(report.warnings)} warning(s)")
+    typer.echo("ok" if not report.warnings and not report.errors else
+               f"{len(report.warnings)} warning(s), {len(report.errors)} split(s) that did not load")
 
 
 def _serve_help() -> str:

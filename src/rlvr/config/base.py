@@ -128,10 +128,12 @@ def _describe(error: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def load_config(cls: type[C], path: str | Path | None = None, overrides: list[str] | dict | None = None) -> C:
-    """Build `cls` from a YAML file and overrides; errors name the file (or "command line") and field."""
+def load_config(cls: type[C], path: str | Path | None = None, overrides: list[str] | dict | None = None,
+                given: str = "command line") -> C:
+    """Build `cls` from a YAML file and overrides; errors name the file (or where the overrides were `given`:
+    the command line, or a Python call such as rlvr.train) and field."""
     data: dict[str, Any] = {}
-    source = "command line"
+    source = given
     if path is not None:
         path = Path(path)
         if not path.is_file():
@@ -149,11 +151,11 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: list[st
         data = dict(loaded or {})
         source = str(path)
     extra = overrides if isinstance(overrides, dict) else parse_overrides(overrides or [])
-    extra = _none_means(cls, _nest(cls, extra))
+    extra = _none_means(cls, _nest(cls, extra, given))
     names = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
     unknown = sorted(set(data) - names) + sorted(set(extra) - names)
     if unknown:
-        where = source if set(unknown) & set(data) else "command line"
+        where = source if set(unknown) & set(data) else given
         raise ConfigError(f"{where}: " + "; ".join(unknown_field(name, _public_names(cls)) for name in unknown)
                           + " (`rlvr <command> --help` lists the fields)")
     data = _merge(data, extra)
@@ -242,15 +244,41 @@ def _public_names(cls: type[BaseConfig]) -> list[str]:
     return [f.alias or n for n, f in cls.model_fields.items()]
 
 
+# TRL's GRPOConfig names (and a few of transformers' TrainingArguments) -> what rlvr calls the same setting: a TRL
+# user's config gets the right name, not the closest spelling (num_generations is not generation_dtype)
+TRL_NAMES = {
+    "num_generations": "group_size", "epsilon": "cliprange", "epsilon_high": "cliprange_high",
+    "max_completion_length": "max_new_tokens", "generation_batch_size": "rollout_batch_size",
+    "num_iterations": "steps_per_rollout", "steps_per_generation": "steps_per_rollout", "max_steps": "steps",
+    "num_train_epochs": "steps", "output_dir": "out", "save_steps": "save_every", "eval_steps": "eval_every",
+    "logging_steps": "log_rollouts_every", "log_completions": "log_rollouts_every",
+    "lr_scheduler_type": "lr_schedule", "bf16": "precision=bf16", "fp16": "precision", "scale_rewards":
+    "advantage_normalizer (std | none)", "loss_type": "algorithm (grpo, dr_grpo, dapo, ...) or loss_normalization",
+    "importance_sampling_level": "algorithm=gspo (sequence) or importance_reweighting_method",
+    "per_device_train_batch_size": "rollout_batch_size (and microbatch_size for memory)",
+    "gradient_accumulation_steps": "microbatch_size (rlvr accumulates a whole batch itself)",
+    "reward_weights": "rewards={name: weight}", "reward_funcs": "rewards={file.py:fn: weight}",
+    "vllm_importance_sampling_correction": "rollout_correction.mode", "vllm_importance_sampling_cap":
+    "rollout_correction.cap", "report_to": "tensorboard / wandb_project", "max_prompt_length":
+    "nothing: rlvr never cuts a prompt (check-task checks prompts against the model's context)",
+    "top_k": "top_p (rlvr samples with top_p)", "use_vllm": "nothing: rlvr's engine is built in (docs/gpu.md)",
+    "dataset_name": "dataset", "model_name_or_path": "model", "learning_rate_scheduler": "lr_schedule",
+    "lora_r": "lora_rank", "r": "lora_rank", "sync_ref_model": "nothing: the reference is fixed (beta > 0)",
+}
+
+
 def unknown_field(name: str, names: list[str]) -> str:
-    """"unknown field 'learnin_rate'; did you mean 'learning_rate'?" (difflib's closest, when one is close)."""
+    """"unknown field 'learnin_rate'; did you mean 'learning_rate'?" (difflib's closest, when one is close); a
+    TRL GRPOConfig name gets rlvr's name for the same setting."""
     import difflib
 
+    if name in TRL_NAMES:
+        return f"unknown field {name!r} (TRL's GRPOConfig name); rlvr's is {TRL_NAMES[name]}"
     close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     return f"unknown field {name!r}" + (f"; did you mean {close[0]!r}?" if close else "")
 
 
-def _nest(cls: type[BaseConfig], extra: dict[str, Any]) -> dict[str, Any]:
+def _nest(cls: type[BaseConfig], extra: dict[str, Any], given: str = "command line") -> dict[str, Any]:
     """{"distributed.learners": 2} -> {"distributed": {"learners": 2}} for a section field (a nested config)."""
     out: dict[str, Any] = {}
     for key, value in extra.items():
@@ -260,10 +288,10 @@ def _nest(cls: type[BaseConfig], extra: dict[str, Any]) -> dict[str, Any]:
             continue
         section = _section(_field(cls, head))
         if section is None:
-            raise ConfigError(f"command line: {key!r}: {head!r} is not a section of {cls.__name__} (sections: "
+            raise ConfigError(f"{given}: {key!r}: {head!r} is not a section of {cls.__name__} (sections: "
                               + ", ".join(f.alias or n for n, f in cls.model_fields.items() if _section(f)) + ")")
         if rest.partition(".")[0] not in section.model_fields:
-            raise ConfigError("command line: " + unknown_field(key, [f"{head}.{n}" for n in section.model_fields]))
+            raise ConfigError(f"{given}: " + unknown_field(key, [f"{head}.{n}" for n in section.model_fields]))
         out.setdefault(head, {})[rest] = value
     return out
 

@@ -29,7 +29,9 @@ from rlvr.engines.base import SamplingParams  # torch-free: configs stay cheap t
 
 
 class EvalConfig(DataFields):
-    split: Literal["train", "validation", "test"] = "test"
+    split: Literal["train", "validation", "test", "all"] = Field(
+        "test", description="a dataset's own split, or one held out of a file (a seeded tenth each for validation "
+        "and test, never trained on); all: every row (a test file of your own)")
     limit: int | None = Field(None, ge=1, description="first N questions")
     samples: int = Field(1, ge=1, description="completions per question (pass@k for k <= samples)")
     temperature: float | None = Field(None, ge=0, description="default: 0 (greedy) for 1 sample, else 1.0")

@@ -96,14 +96,17 @@ class DataFields(TaskFields):
     model: str = Field("SmolLM2-135M-Instruct", description="hub name (cached), saved directory, .gguf, or the default")
     dataset: str = Field("gsm8k", description="math: gsm8k | arithmetic[:steps=N,max=M] | path.jsonl; code: "
                          "code[:level=N] | path.jsonl whose rows have a `tests_field` (needs a code prompt)")
-    prompt: str = Field("r1_zero", description="math: question_only | r1_zero | r1_zero_three_shot | chat; "
-                        "code datasets: code | code_chat; reasoning_gym; row (the row's own prompt column: text "
-                        "as it is, a conversation through the chat template); or a template file "
-                        "path/to/prompt.txt with {question} or {column} placeholders")
+    prompt: str = Field("r1_zero", description="default by dataset: r1_zero (gsm8k, arithmetic), code (code "
+                        "datasets), reasoning_gym (its tasks), row (your rows, used as they are). math: "
+                        "question_only | r1_zero | r1_zero_three_shot | chat; code datasets: code | code_chat; "
+                        "reasoning_gym; row (the row's own prompt column: text as it is, a conversation through "
+                        "the chat template); or a template file path/to/prompt.txt with {question} or {column} "
+                        "placeholders")
     split_seed: int = Field(0, ge=0, description="seed of the train/validation split, kept apart from `seed` so "
                             "that every run of a sweep (and the SFT before it) holds out the same questions")
-    question_field: str = Field("question", description="file datasets: the question's column (text or a chat "
-                                "conversation; a row without it falls back to a `prompt` column, TRL's name)")
+    question_field: str | None = Field(None, description="file datasets: the question's column (text or a chat "
+                                       "conversation); none: the `prompt` column (TRL's name) with prompt=row, "
+                                       "else `question` (falling back to `prompt`)")
     answer_field: str = Field("answer", description="file datasets: the answer's column (bare or '#### x'; "
                               "optional when the rewards are your own functions)")
     solution_field: str | None = Field(None, description="JSONL datasets: the worked solution's field (default: "
@@ -134,6 +137,17 @@ class DataFields(TaskFields):
             if environment_factory(env).runs_programs:
                 return True
         return self.prompt in CODE_PROMPTS or any(str(name).startswith("code_tests") for name in rewards)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_prompt(cls, data):
+        """No prompt given: the dataset's own way of asking (a user's rows are used as they are)."""
+        if isinstance(data, dict) and data.get("prompt") is None:
+            dataset = data.get("dataset", cls.model_fields["dataset"].default)
+            from rlvr.tasks.datasets import default_prompt
+
+            data = {**data, "prompt": default_prompt(str(dataset), data.get("tests_field") or "tests")}
+        return data
 
     @model_validator(mode="after")
     def _check_dataset_prompt(self):

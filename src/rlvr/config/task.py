@@ -24,6 +24,13 @@ class TaskFields(BaseConfig):
                                       "tokenizer's chat template")
     chat_template: bool = Field(False, description="render the filled prompt as the user turn of the tokenizer's "
                                 "chat template (conversation rows always are)")
+    answer_term: str | None = Field(None, description="the reward term whose answer signal is the answer's "
+                                    "correctness (accuracy, pass@k, dynamic sampling, the curriculum, RFT/MaxRL): "
+                                    "a function's name or its rewards= key; none: the first built-in grader's, or "
+                                    "with your functions only, the weighted reward")
+    reward_timeout: float | None = Field(300.0, gt=0, description="seconds a reward function of yours may take "
+                                         "on one batch; past them, or on a stop signal, the run stops with its "
+                                         "last finished step saved (none: no bound)")
     validation_dataset: str | None = Field(None, description="validation rows from their own file or name (then "
                                            "all of `dataset` is trained on); none: a seeded tenth of `dataset` "
                                            "(split_seed), or the dataset's own validation split")

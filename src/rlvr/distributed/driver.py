@@ -79,7 +79,8 @@ def train_distributed(cfg: TrainConfig) -> dict:
     run_token = write_run_token(run_dir)
     ckpt.seed_everything(cfg.seed)
     task, spec = load_task(cfg), cfg.estimator
-    prompt, train, val = task.prompt, task.split("train", cfg.train_limit), task.split("validation", cfg.eval_limit)
+    prompt, train, val = task.prompt, task.split("train", cfg.train_limit), stages.validation_rows(task, cfg)
+    stages.check_before_loading(task, cfg, train + val)  # every row's prompt fills and fits the model's context
     reward_fn = stages.build_reward_fn(cfg, prompt.reward)
     tokenizer = load_tokenizer(cfg.model)
     started = start_ray(cfg)
@@ -94,7 +95,7 @@ def train_distributed(cfg: TrainConfig) -> dict:
             monitor.load(state["monitor"])
         logger = stages.open_logger(run_dir, cfg, state)
         roles.push_weights(step)
-        if step == 0 and cfg.eval_at_start:
+        if step == 0 and cfg.eval_at_start and val:
             logger.log(0, roles.validate(val, 0))
         loop = _AsyncLoop if cfg.async_.max_staleness else _SyncLoop
         # the order, or a pass-rate curriculum around it (its statistics are the driver's checkpoint state)
@@ -115,7 +116,7 @@ def train_distributed(cfg: TrainConfig) -> dict:
                 step = driver.step_count
                 metrics = {**stages.step_metrics(cfg, rollouts, scored, result["updates"], times, result["lr"]),
                            **extra}
-                if stages.validation_due(cfg, step):
+                if val and stages.validation_due(cfg, step):
                     with stages.timed(times, "validate"):
                         metrics.update(roles.validate(val, step))
                     metrics["time/validate"] = times["validate"]

@@ -16,7 +16,7 @@ May import: rlvr.core, rlvr.sandbox, rlvr.grading, rlvr.tasks, rlvr.environments
 rlvr.config.
 """
 
-from rlvr.stages.check import TaskReport, check_task, warn_unlearnable
+from rlvr.stages.check import TaskReport, check_before_loading, check_task, warn_unlearnable
 from rlvr.stages.curriculum import (Curriculum, first_pass, question_sampler, record_rollouts,
                                     sampler_state)
 from rlvr.stages.episodes import episode_metrics, run_episodes
@@ -28,17 +28,17 @@ from rlvr.stages.metrics import (RunMonitor, finished_validation, log_step, roll
 from rlvr.stages.rollouts import (Rollouts, Scored, build_reward_fn, collect_rollouts, dynamic_rollouts,
                                   next_questions, rollout_sampling, sampled_log_probs, score_completions,
                                   score_rollouts)
-from rlvr.stages.run import (RunInterrupted, StopRequests, build_engines, build_optimizer, finish_run, fmt_metrics,
-                             frozen_dtype, load_frozen, load_policy, native_precision, open_logger, placement,
-                             restore, start_run, trainer_state)
-from rlvr.stages.validation import start_validation, validate
+from rlvr.stages.run import (RunFailed, RunInterrupted, StopRequests, build_engines, build_optimizer, finish_run,
+                             finished_state, fmt_metrics, frozen_dtype, load_frozen, load_policy, native_precision,
+                             open_logger, placement, restore, save_finished, start_run, trainer_state)
+from rlvr.stages.validation import start_validation, validate, validation_rows
 
-__all__ = ["TaskReport", "check_task", "warn_unlearnable", "Curriculum", "first_pass", "question_sampler", "record_rollouts", "sampler_state", "episode_metrics",
+__all__ = ["TaskReport", "check_before_loading", "check_task", "warn_unlearnable", "Curriculum", "first_pass", "question_sampler", "record_rollouts", "sampler_state", "episode_metrics",
     "run_episodes",
-    "Rollouts", "RunInterrupted", "RunMonitor", "Scored", "StopRequests", "build_engines", "build_optimizer",
+    "Rollouts", "RunFailed", "RunInterrupted", "finished_state", "save_finished", "RunMonitor", "Scored", "StopRequests", "build_engines", "build_optimizer",
     "build_reward_fn", "collect_rollouts", "distill_from_teacher", "dynamic_rollouts", "evaluate", "finish_run",
     "finished_validation", "fmt_metrics", "frozen_dtype", "load_frozen", "load_policy", "log_step",
     "native_precision", "next_questions", "open_logger", "placement", "reference_log_probs", "reference_model",
     "restore", "rollout_rows", "rollout_sampling", "run_eval", "sampled_log_probs", "score_completions",
     "score_rollouts", "start_run", "start_validation", "step_metrics", "teacher_model", "timed", "train_on_rollouts",
-    "trainer_state", "validate", "validation_due"]
+    "trainer_state", "validate", "validation_due", "validation_rows"]

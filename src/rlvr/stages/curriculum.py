@@ -101,7 +101,7 @@ class Curriculum:
         """Every scored rollout: its question's result (answer_reward, the correctness) joins its window."""
         for c, score in zip(completions, scores):
             i = self.index.get(id(questions[c.prompt_index]))
-            if i is None:
+            if i is None or float(score["answer_reward"]) != float(score["answer_reward"]):  # NaN: no reward
                 continue
             recent = self.stats.setdefault(i, [])
             recent.append(int(float(score["answer_reward"]) > 0.5))

@@ -22,6 +22,7 @@ from rlvr.tasks.prompts import PromptTemplate
 from rlvr.tasks.records import Example
 from rlvr.tasks.reward_base import RewardContext, score_batch
 from rlvr.tasks.rewards import get_reward_fn
+from rlvr.tasks.scoring import binary_rate
 from rlvr.tasks.task import eval_reward_fn, load_task
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def category(record: dict) -> str:
-    return f"format{int(record['format_reward'] > 0)}_answer{int(record['answer_reward'] > 0)}"
+    fmt, answer = (record[k] if record[k] is not None else math.nan for k in ("format_reward", "answer_reward"))
+    return f"format{int(fmt > 0)}_answer{int(answer > 0)}"
 
 
 def summarize(records: list[dict], samples: int, seconds: float | None = None) -> dict:
@@ -56,22 +58,24 @@ def summarize(records: list[dict], samples: int, seconds: float | None = None) -
     counts = {name: 0 for name in CATEGORIES}
     for r in records:
         counts[category(r)] = counts.get(category(r), 0) + 1
+    scored = [float(r["reward"]) for r in records if r["reward"] is not None and math.isfinite(float(r["reward"]))]
     summary = {
         "n": n,
         "questions": n // samples,
         "samples": samples,
-        "accuracy": sum(r["reward"] for r in records) / n,
-        "answer_rate": sum(r["answer_reward"] for r in records) / n,
-        "format_rate": sum(r["format_reward"] for r in records) / n,
+        # the mean reward (over the rows some function scored); the rates only of 0/1 signals, else None
+        "accuracy": sum(scored) / len(scored) if scored else 0.0,
+        "answer_rate": binary_rate([r["answer_reward"] for r in records]),
+        "format_rate": binary_rate([r["format_reward"] for r in records]),
         "categories": counts,
         "mean_response_tokens": sum(r["tokens"] for r in records) / n,
         "max_response_tokens": max(r["tokens"] for r in records),
         "truncated_rate": sum(r["finish_reason"] == "length" for r in records) / n,
     }
-    if samples > 1:
+    if samples > 1 and binary_rate([r["reward"] for r in records]) is not None:  # pass@k of a 0/1 reward only
         by_question: dict[int, list[float]] = {}
         for r in records:
-            by_question.setdefault(r["question_index"], []).append(r["reward"])
+            by_question.setdefault(r["question_index"], []).append(r["reward"] if r["reward"] is not None else 0.0)
         summary["pass_at_k"] = {
             str(k): sum(pass_at_k(len(v), sum(x >= 1 for x in v), k) for v in by_question.values()) / len(by_question)
             for k in range(1, samples + 1)
@@ -102,7 +106,7 @@ def evaluate(
     completions = generate(engine, env, examples, prompts, sampling, tokenizer, progress)
     truths = [examples[c.prompt_index].answer for c in completions]
     scores, _ = score_batch(reward_fn, [c.text for c in completions], truths,
-                            RewardContext.of_completions(completions, prompts, examples))
+                            RewardContext.of_completions(completions, prompts, examples, template=prompt))
     apply_env_rewards(scores, completions)
     records = []
     for c, s in zip(completions, scores):
@@ -115,7 +119,8 @@ def evaluate(
             "prompt": prompts[c.prompt_index],
             "response": c.text,
             "ground_truth": ex.answer,
-            **{k: float(v) for k, v in s.items()},
+            # NaN (no reward, no format signal) as null: the records are JSON
+            **{k: None if math.isnan(float(v)) else float(v) for k, v in s.items() if not k.startswith("log/")},
             "tokens": len(c.token_ids),
             "finish_reason": c.finish_reason,
             **({k: c.episode.get(k, 0.0) for k in EPISODE_FIELDS} if c.episode is not None else {}),
@@ -156,7 +161,8 @@ def print_summary(result: EvalResult, title: str = "evaluation", examples_per_ca
     table.add_column("value", justify="right")
     table.add_row("completions", str(s["n"]))
     table.add_row("accuracy", f"{s['accuracy']:.3f}")
-    table.add_row("format rate", f"{s['format_rate']:.3f}")
+    if s["format_rate"] is not None:
+        table.add_row("format rate", f"{s['format_rate']:.3f}")
     for name, label in CATEGORIES.items():
         table.add_row(label, str(s["categories"].get(name, 0)))
     table.add_row("mean response tokens", f"{s['mean_response_tokens']:.1f}")

@@ -16,6 +16,7 @@ from rlvr.engines.base import Completion
 from rlvr.stages.episodes import episode_metrics
 from rlvr.stages.evaluation import pass_at_k
 from rlvr.stages.rollouts import Rollouts, Scored
+from rlvr.tasks.scoring import binary_rate
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,6 @@ def step_metrics(cfg, rollouts: Rollouts, scored: Scored, updates, times, lr: fl
     entropies = [e for c in completions for e in (c.entropies or []) if not math.isnan(e)]  # NaN: observation ids
     m = {
         "train/reward": reward_meta["reward_mean"],
-        "train/format_reward": reward_meta["format_reward_mean"],
-        "train/answer_reward": reward_meta["answer_reward_mean"],
         "train/frac_groups_zero_std": float(scored.adv_meta["frac_groups_zero_std"]),
         "train/reward_std": float(scored.adv_meta["reward_std"]),
         **_rollout_shape(every.completions),
@@ -97,6 +96,9 @@ def step_metrics(cfg, rollouts: Rollouts, scored: Scored, updates, times, lr: fl
         "train/updates_trained": len(trained),
         "train/trained_tokens": sum(u["trained_tokens"] for u in ok),
     }
+    for signal in ("format_reward", "answer_reward"):  # absent when no row has one (a user's functions' format)
+        if f"{signal}_mean" in reward_meta:
+            m[f"train/{signal}"] = reward_meta[f"{signal}_mean"]
     if entropies:  # the whole rollout batch's, from the sampler: pruning cannot bias it
         m["train/token_entropy"] = sum(entropies) / len(entropies)
     for key, value in reward_meta.items():
@@ -104,6 +106,9 @@ def step_metrics(cfg, rollouts: Rollouts, scored: Scored, updates, times, lr: fl
             m[f"train/{key.removesuffix('_mean')}"] = value
         elif key.startswith("grading/") and key != "grading/seconds":
             m[key] = value
+    for key, value in reward_meta.items():  # a reward function's log_metric(name, value): train/<name>
+        if key.startswith("reward_metric/"):
+            m.setdefault(f"train/{key.removeprefix('reward_metric/')}", value)
     m.update(_group_pass_at_k([s["answer_reward"] for s in every_scores], cfg.group_size))
     m.update(episode_metrics(every.completions))  # env/*: multi-turn episodes only
     if sampled is not None:
@@ -151,9 +156,14 @@ def _rollout_shape(completions: list[Completion], prefix: str = "") -> dict:
 
 
 def _group_pass_at_k(correct: list[float], group_size: int) -> dict[str, float]:
-    groups = [correct[i : i + group_size] for i in range(0, len(correct), group_size)]
-    return {f"train/pass@{k}": sum(pass_at_k(group_size, int(sum(g)), k) for g in groups) / len(groups)
-            for k in range(1, group_size + 1)}
+    """pass@k of each group's answer signal, when it is a 0/1 signal (rows without a reward left out of their
+    group, k up to the fewest scored rows of a group); {} when it is real-valued: pass@k would mean nothing."""
+    if binary_rate(correct) is None:
+        return {}
+    groups = [[v for v in correct[i : i + group_size] if not math.isnan(v)] for i in range(0, len(correct), group_size)]
+    fewest = min(len(g) for g in groups)
+    return {f"train/pass@{k}": sum(pass_at_k(len(g), int(sum(g)), k) for g in groups) / len(groups)
+            for k in range(1, fewest + 1)}
 
 
 def log_step(step: int, metrics: dict, rollouts: Rollouts, scored: Scored, times: dict, monitor: RunMonitor,
@@ -173,12 +183,20 @@ def log_step(step: int, metrics: dict, rollouts: Rollouts, scored: Scored, times
 
 def rollout_rows(rollouts: Rollouts, scored: Scored) -> list[dict]:
     truths = rollouts.truths
-    return [{"question": rollouts.questions[c.prompt_index].question, "ground_truth": truths[j], "response": c.text,
-             "reward": scored.scores[j]["reward"], "format_reward": scored.scores[j]["format_reward"],
-             "answer_reward": scored.scores[j]["answer_reward"], "advantage": _row_advantage(scored.batch, j),
+    # `prompt`: what the model was given (template, system prompt and chat template applied), as TRL's table shows it
+    return [{"question": rollouts.questions[c.prompt_index].question, "prompt": rollouts.prompts[c.prompt_index],
+             "ground_truth": truths[j], "response": c.text,
+             **{k: _number_or_none(scored.scores[j][k]) for k in ("reward", "format_reward", "answer_reward")},
+             "advantage": _row_advantage(scored.batch, j),
              "tokens": len(c.token_ids), "finish_reason": c.finish_reason, "sample_index": c.sample_index,
-             "token_ids": list(c.token_ids)}  # what was trained (the text is its decoding)
+             "token_ids": list(c.token_ids),  # what was trained (the text is its decoding)
+             **{k.removeprefix("log/"): v for k, v in scored.scores[j].items() if k.startswith("log/")}}
             for j, c in enumerate(rollouts.completions)]
+
+
+def _number_or_none(value):
+    """NaN (no reward, no format signal) as null: JSON has no NaN."""
+    return None if isinstance(value, float) and math.isnan(value) else value
 
 
 def _row_advantage(batch: TrainBatch, row: int) -> float:
@@ -197,4 +215,5 @@ def validation_due(cfg: TrainingFields, step: int) -> bool:
 def finished_validation(summary: dict) -> str:
     if "val/accuracy" not in summary:
         return "no validation (eval_at_end=false and no eval_every step)"
-    return f"validation accuracy {summary['val/accuracy']:.3f}, format rate {summary['val/format_rate']:.3f}"
+    rate = summary.get("val/format_rate")
+    return f"validation accuracy {summary['val/accuracy']:.3f}" + ("" if rate is None else f", format rate {rate:.3f}")

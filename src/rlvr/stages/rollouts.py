@@ -9,6 +9,7 @@ random streams by the step.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 
 import torch
@@ -26,6 +27,8 @@ from rlvr.tasks.reward_base import RewardContext, score_batch
 from rlvr.tasks.task import build_reward_fn as task_reward_fn
 from rlvr.tasks.task import task_prompt
 from rlvr.tasks.scoring import rewards_and_metadata, soft_overlong_penalty
+
+log = logging.getLogger(__name__)
 
 
 def build_reward_fn(cfg: TrainConfig, prompt_reward: str | None):
@@ -151,10 +154,10 @@ def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
         batch = Rollouts(new_q, new_p, generate(engine, cfg.env, new_q, new_p, sampling, tokenizer), step)
         rounds += 1
         scores, counts = score_completions(reward_fn, batch, cfg)
-        for name, value in counts.items():
-            grading[name] = grading.get(name, 0) + value
+        for name, value in counts.items():  # counts add up over the rounds; a reward's log_metric: the last
+            grading[name] = grading.get(name, 0) + value if name.startswith("grading/") else value
         sampled += len(scores)
-        right += sum(float(s["answer_reward"]) for s in scores)
+        right += sum(float(s["answer_reward"]) for s in scores if not math.isnan(float(s["answer_reward"])))
         offset = len(everything.questions)
         everything.questions += new_q
         everything.prompts += new_p
@@ -164,7 +167,7 @@ def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
         last = batch, scores
         for q in range(len(new_q)):
             group = slice(q * g, (q + 1) * g)
-            advantages, _ = compute_advantages(torch.tensor([float(s[key]) for s in scores[group]]), g, spec)
+            advantages, _ = advantages_of(torch.tensor([float(s[key]) for s in scores[group]]), g, spec)
             if spec.mask_truncated_completions:  # score_rollouts zeroes these, so they carry no signal
                 advantages = torch.where(batch.truncated[group], torch.zeros_like(advantages), advantages)
             if bool((advantages != 0).any()) and len(questions) < want:  # extras beyond a full batch are dropped
@@ -189,7 +192,10 @@ def score_completions(reward_fn, rollouts: Rollouts, cfg: TrainConfig) -> tuple[
     budget) on the sampled token counts, logged as `reward/overlong`. An episode (`env=`) counts the ids the
     model sampled, not the observations' (loss_mask), against the episode's budget (the environment's
     max_total_tokens, else max_new_tokens)."""
-    context = RewardContext.of_completions(rollouts.completions, rollouts.prompts, rollouts.questions, rollouts.step)
+    k = cfg.estimator.steps_per_rollout  # TRL's trainer_state.global_step: the optimizer steps done before
+    training = {"global_step": (rollouts.step - 1) * k, "max_steps": cfg.steps * k} if rollouts.step else {}
+    context = RewardContext.of_completions(rollouts.completions, rollouts.prompts, rollouts.questions, rollouts.step,
+                                           template=task_prompt(cfg), **training)
     scores, grading = score_batch(reward_fn, rollouts.responses, rollouts.truths, context)
     apply_env_rewards(scores, rollouts.completions)
     weight = (cfg.rewards or {}).get("overlong")
@@ -203,15 +209,63 @@ def score_completions(reward_fn, rollouts: Rollouts, cfg: TrainConfig) -> tuple[
     return scores, grading
 
 
+def advantages_of(raw_rewards: torch.Tensor, group_size: int, spec: EstimatorSpec):
+    """compute_advantages, with the rollouts that have no reward (NaN: every function said None) left out of
+    their group's statistics and given advantage 0, as TRL's nan-mean and nan-std do. A group's remaining rows
+    are a group of their own size; groups without such rows are computed together, unchanged."""
+    unscored = torch.isnan(raw_rewards)
+    if not unscored.any():
+        return compute_advantages(raw_rewards, group_size, spec)
+    advantages = torch.zeros_like(raw_rewards, dtype=torch.float32)
+    groups = unscored.view(-1, group_size).any(dim=1)
+    whole = (~groups).repeat_interleave(group_size)
+    metadata = {}
+    if whole.any():
+        advantages[whole], metadata = compute_advantages(raw_rewards[whole], group_size, spec)
+    zero_std = []
+    for g in groups.nonzero().flatten().tolist():
+        rows = torch.arange(g * group_size, (g + 1) * group_size)[~unscored[g * group_size:(g + 1) * group_size]]
+        if len(rows):
+            advantages[rows], _ = compute_advantages(raw_rewards[rows], len(rows), spec)
+        zero_std.append(float(len(rows) < 2 or bool((raw_rewards[rows] == raw_rewards[rows][0]).all())))
+    full = int(whole.sum()) // group_size
+    frac = (float(metadata.get("frac_groups_zero_std", 0.0)) * full + sum(zero_std)) / (full + len(zero_std))
+    scored = raw_rewards[~unscored]
+    return advantages, {**metadata, "frac_groups_zero_std": torch.tensor(frac),
+                        "reward_std": scored.std() if scored.numel() > 1 else torch.zeros(())}
+
+
+def _correctness(scores: list[dict], algorithm: str) -> torch.Tensor:
+    """RFT's indicator, MaxRL's success: the answer signal, which must be 0 or 1 (NaN: no reward)."""
+    values = torch.tensor([float(s["answer_reward"]) for s in scores])
+    odd = values[~torch.isnan(values) & (values != 0) & (values != 1)]
+    if odd.numel():
+        raise ValueError(f"algorithm={algorithm} trains on correctness, a 0/1 signal, and the answer signal took the "
+                         f"value {float(odd[0]):g}: with reward functions of your own it is their weighted reward "
+                         "unless answer_term= names a term that scores 0 or 1")
+    return values
+
+
+def _warn_unscored(scores: list[dict], rollouts: Rollouts) -> None:
+    unscored = [j for j, s in enumerate(scores) if math.isnan(float(s["reward"]))]
+    if unscored:
+        c = rollouts.completions[unscored[0]]
+        row = rollouts.questions[c.prompt_index]
+        log.warning("%d of %d rollouts got None from every reward function (e.g. row %s, response %r): they are "
+                    "left out of their group's mean and std and trained with advantage 0; make at least one "
+                    "function score every row", len(unscored), len(scores), row.id, c.text[:80])
+
+
 def score_rollouts(rollouts: Rollouts, reward_fn, spec: EstimatorSpec, cfg: TrainConfig, tokenizer,
                    graded: tuple[list[dict], dict] | None = None) -> Scored:
     """Rewards and advantages over the whole rollout batch, then the tokens the update trains on. `graded`:
     the batch's (scores, grading counts) when they are known already (dynamic sampling graded them)."""
     scores, grading = graded if graded is not None else score_completions(reward_fn, rollouts, cfg)
+    _warn_unscored(scores, rollouts)
     raw_rewards, reward_meta = rewards_and_metadata(scores, grading)
     if spec.reward_signal == "correctness":  # RFT's indicator, MaxRL's success: shaping does not enter
-        raw_rewards = torch.tensor([float(s["answer_reward"]) for s in scores])
-    advantages, adv_meta = compute_advantages(raw_rewards, cfg.group_size, spec)
+        raw_rewards = _correctness(scores, cfg.algorithm)
+    advantages, adv_meta = advantages_of(raw_rewards, cfg.group_size, spec)
     # the sampled ids are what is trained (EOS included when it was sampled), never the text encoded again
     tokens = tokenize_prompt_and_ids([rollouts.prompts[c.prompt_index] for c in rollouts.completions],
                                      [c.token_ids for c in rollouts.completions], tokenizer,

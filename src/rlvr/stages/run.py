@@ -4,6 +4,7 @@ resume, and Ctrl-C / SIGTERM."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import torch
 
 from rlvr.config import TrainingFields
 from rlvr.core import checkpoint as ckpt
+from rlvr.core import interrupts
 from rlvr.core.devices import Placement, engine_dtype, native_dtype, resolve_placement
 from rlvr.core.models import load_model, prepare_for_training
 from rlvr.engines.hf import HFEngine
@@ -109,18 +111,25 @@ def build_engines(model, tokenizer, cfg: TrainingFields, where: Placement, rollo
     return engine, make(where.eval)
 
 
-def start_run(cfg: TrainingFields) -> Path:
-    if cfg.grades_code:  # a sandbox that cannot isolate programs stops the run here, before anything is written
-        cfg.sandbox.apply()
+def check_out(cfg: TrainingFields) -> Path:
+    """The run directory `out` can be a run's: no file in its way, no other run in it unless resumed. Cheap:
+    loops call it before the slower checks (a model converted, every prompt tokenized)."""
     run_dir = Path(cfg.out)
     blocked = next((p for p in (run_dir, *run_dir.parents) if p.exists() and not p.is_dir()), None)
     if blocked is not None:
         raise FileExistsError(f"out={cfg.out}: {blocked} is a file, not a directory; choose another out=")
+    if (run_dir / "metrics.jsonl").exists() and not cfg.resume and ckpt.finished_model(run_dir) is None:
+        raise FileExistsError(f"{run_dir} already holds a run; pass resume=true to continue it or choose another out")
+    return run_dir
+
+
+def start_run(cfg: TrainingFields) -> Path:
+    if cfg.grades_code:  # a sandbox that cannot isolate programs stops the run here, before anything is written
+        cfg.sandbox.apply()
+    run_dir = check_out(cfg)
     from rlvr.core.models import resolve_model_path
 
     resolve_model_path(cfg.model)  # a model that is not there stops the run before its directory is made
-    if (run_dir / "metrics.jsonl").exists() and not cfg.resume and ckpt.finished_model(run_dir) is None:
-        raise FileExistsError(f"{run_dir} already holds a run; pass resume=true to continue it or choose another out")
     run_dir.mkdir(parents=True, exist_ok=True)
     saved = run_dir / "config.yaml"
     # a resume keeps the record of the run it continues (load_config refused any other settings); only raised
@@ -155,6 +164,25 @@ def trainer_state(optimizer, scheduler, order: DataOrder, **extra) -> dict:
             **order.state(), **extra}
 
 
+def finished_state(state: dict) -> dict:
+    """`trainer_state` as it stands, kept apart from what the next step changes: the step's optimizer update
+    changes the optimizer's tensors in place, but a snapshot is only saved when the step failed before it."""
+    import copy
+
+    return {k: (v if k == "optimizer" else copy.deepcopy(v)) for k, v in state.items()}
+
+
+def save_finished(run_dir: Path, step: int, model, tokenizer, state: dict, cfg: TrainingFields) -> Path | None:
+    """The checkpoint of finished step `step` (None for step 0: nothing was trained), written unless the
+    periodic checkpoint already holds it."""
+    if step < 1:
+        return None
+    latest = ckpt.latest_checkpoint(run_dir)
+    if latest is not None and latest.name == f"step_{step:06d}":
+        return latest
+    return ckpt.save_checkpoint(run_dir, step, model, tokenizer, state, keep=cfg.keep_checkpoints)
+
+
 def open_logger(run_dir: Path, cfg: TrainingFields, state: dict | None):
     """The run's metrics logger; a resumed run first drops what was logged after its checkpoint (or
     everything, when it is resumed without one)."""
@@ -177,6 +205,12 @@ class RunInterrupted(Exception):
     that continues it. The CLI prints it as one line and exits 130."""
 
 
+class RunFailed(RuntimeError):
+    """A step that raised (a reward function's error, one that did not return in reward_timeout, ...): the last
+    finished step is saved, and the message says what happened and the command that continues the run. The CLI
+    prints it as one line and exits 1."""
+
+
 class StopRequests:
     """While active, SIGINT and SIGTERM ask the loop to stop after the step in flight (which then finishes, so no
     half-applied update is ever saved); a second signal stops at once (KeyboardInterrupt). Only the main thread
@@ -191,6 +225,7 @@ class StopRequests:
         import signal
         import threading
 
+        interrupts.clear_stop()
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 if signal.getsignal(sig) is not signal.SIG_IGN:  # a backgrounded job that ignores SIGINT keeps doing so
@@ -205,6 +240,7 @@ class StopRequests:
             self.__exit__()
             raise KeyboardInterrupt
         self.requested = signum
+        interrupts.request_stop()  # user code running in the step (a reward function) hears it too
         print(f"\n{signal.Signals(signum).name}: stopping after the {self.unit} in flight (again to stop at once)",
               file=sys.stderr, flush=True)
 
@@ -214,7 +250,32 @@ class StopRequests:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+        interrupts.clear_stop()
         return False
+
+    @contextlib.contextmanager
+    def step(self, cfg: TrainingFields, run_dir: Path, step: int, command: str, save_last, close=()):
+        """A step's body, guarded: when it raises (not a second Ctrl-C, which stops at once), `save_last()`
+        saves the last finished step (it returns the checkpoint's path, or None when step 1 has nothing before
+        it), `close` is called (loggers, progress bars: the message starts on a line of its own), and the error
+        becomes RunFailed, or RunInterrupted when it was user code given up on because a stop was asked for,
+        saying what was saved and the command that continues the run."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            raise
+        except Exception as err:  # noqa: BLE001 -- whatever it was, the finished steps are kept
+            path = save_last()
+            for done in close:
+                done()
+            saved = f"saved checkpoint {path}" if path else "nothing to save before it"
+            go_on = f"{command} out={run_dir} resume=true"
+            if isinstance(err, interrupts.CallAbandoned):
+                raise RunInterrupted(f"interrupted during step {step} of {cfg.steps}: {err}; {saved}. Continue "
+                                     f"with: {go_on}") from err
+            what = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+            raise RunFailed(f"step {step} of {cfg.steps} failed: {what}. The steps before it are kept ({saved}); "
+                            f"fix the cause and continue with: {go_on}") from err
 
     def after_step(self, cfg: TrainingFields, run_dir: Path, step: int, command: str, save, close=()) -> None:
         """The end of a step in every loop: the periodic checkpoint (`save()` writes one and returns its path),

@@ -17,10 +17,28 @@ from rlvr.core.models import cache_dir
 from rlvr.engines.base import RolloutEngine
 from rlvr.stages.evaluation import evaluate
 from rlvr.tasks.prompts import PromptTemplate
-from rlvr.tasks.records import Example
-from rlvr.tasks.task import eval_reward_fn
+from rlvr.tasks.records import EmptySplit, Example
+from rlvr.tasks.task import Task, eval_reward_fn
+from rlvr.tasks.user_rewards import reward_digest
 
 log = logging.getLogger(__name__)
+
+
+def validation_rows(task: Task, cfg: TrainingFields) -> list[Example]:
+    """The validation rows a loop validates on, or [] when it never validates (eval_at_start, eval_every and
+    eval_at_end all off: the split is not even read) or its rows hold none out (a table of fewer than 10 rows,
+    said once; a validation_dataset= that is empty is an error). Loops validate only when this is not []."""
+    if not (cfg.eval_at_start or cfg.eval_every or cfg.eval_at_end):
+        return []
+    try:
+        return task.split("validation", cfg.eval_limit)
+    except EmptySplit as err:
+        if getattr(cfg, "validation_dataset", None):
+            raise
+        log.warning("%s: this run does not validate (a table holds out a tenth of its rows; give a validation set "
+                    "of its own with validation_dataset=, or turn validation off with eval_every=0 "
+                    "eval_at_start=false eval_at_end=false)", err)
+        return []
 
 
 def validate(engine: RolloutEngine, policy, examples: list[Example], prompt: PromptTemplate, tokenizer,
@@ -41,7 +59,7 @@ def validate(engine: RolloutEngine, policy, examples: list[Example], prompt: Pro
         s = result.summary
         metrics.update({
             f"{name}/accuracy": s["accuracy"],
-            f"{name}/format_rate": s["format_rate"],
+            **({f"{name}/format_rate": s["format_rate"]} if s["format_rate"] is not None else {}),
             f"{name}/mean_response_tokens": s["mean_response_tokens"],
             f"{name}/truncated_rate": s["truncated_rate"],
             f"{name}/seconds": s["seconds"],
@@ -118,8 +136,10 @@ def start_validation_key(cfg: TrainingFields) -> str | None:
     if weights is None:
         return None
     fields = {k: v for k, v in cfg.model_dump(mode="json", by_alias=True).items() if k not in NOT_IN_START_VALIDATION}
+    # a user's reward function by what it is (its code, the files beside it, what it reads), not by its name
+    rewards = {name: reward_digest(name) for name in (getattr(cfg, "rewards", None) or {})}
     key = {"config": fields, "weights": weights, "code": _code_digest(), "packages": _versions(),
-           "cpu": ckpt.cpu_name(), "threads": torch.get_num_threads(), "files": _task_files(cfg)}
+           "cpu": ckpt.cpu_name(), "threads": torch.get_num_threads(), "files": _task_files(cfg), "rewards": rewards}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 

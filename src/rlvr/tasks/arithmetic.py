@@ -63,7 +63,8 @@ def _arithmetic_example(rng: random.Random, spec: ArithmeticSpec, index: int) ->
 
 
 def arithmetic(split: str = "train", n: int | None = None, spec: ArithmeticSpec | None = None) -> list[Example]:
-    """Generated problems; each split draws from its own seeded stream, so splits never overlap by chance."""
+    """Generated problems; each split draws from its own seeded stream. A small question space can draw one
+    question into two splits: rlvr.tasks.datasets.load_dataset leaves it out of the earlier split."""
     if split not in SPLITS:
         raise DataError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
     spec = spec or ArithmeticSpec()

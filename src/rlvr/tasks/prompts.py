@@ -64,13 +64,21 @@ class PromptTemplate:
                 raise DataError(f"{example.id}: the row's prompt is a chat conversation, which prompt "
                                 f"{self.name!r} cannot format; use prompt=row (the conversation as it is)")
             return self._chat("", tokenizer, example.conversation)
+        return self._chat(self.fill(example), tokenizer)
+
+    def fill(self, example: Example) -> str:
+        """The template filled from a text row's columns, before any chat template: the row's prompt as a TRL
+        reward function is handed it."""
         columns = {**example.fields, "question": example.question}
         try:
-            text = self.template.format_map(columns)
+            return self.template.format_map(columns)
         except KeyError as err:
             raise DataError(f"{example.id}: prompt {self.name!r} has the placeholder {{{err.args[0]}}}, but the "
                             f"row has no such column (columns: {', '.join(columns)})") from None
-        return self._chat(text, tokenizer)
+
+    def reward_prompt(self, example: Example):
+        """What a reward function gets as the row's prompt (TRL's `prompts`): its conversation, or its text."""
+        return list(example.conversation) if example.conversation is not None else self.fill(example)
 
     def sft_response(self, example: Example, annotations: bool = False) -> str:
         """The supervised target for `example` under this prompt: what the model should write after

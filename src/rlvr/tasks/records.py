@@ -33,6 +33,10 @@ class DataError(ValueError):
     """Bad input data; the message names the file and line."""
 
 
+class EmptySplit(DataError):
+    """A split with no rows (a table of fewer than 10 rows holds out no validation rows)."""
+
+
 def parse_gsm8k_answer(solution: str) -> str:
     """The final answer of a GSM8K solution: the text after the last "####", without thousands commas.
 
@@ -93,17 +97,33 @@ class DataOrder:
 # Loading JSONL.
 
 
+def decode_text(data: bytes, path: str | Path) -> str:
+    """A file's bytes as UTF-8 text (a byte-order mark dropped); anything else fails naming the file and line."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte {data[err.start]:#04x} at offset {err.start}); save "
+                        "the file as UTF-8") from None
+
+
 def jsonl_rows(path: str | Path, required: tuple[str, ...] = ()) -> Iterator[tuple[int, str, dict]]:
     """(line number, "path:line", row) for each non-empty line of a JSONL file whose row is an object holding
-    the `required` fields; anything else fails with a DataError naming the file and line."""
+    the `required` fields; anything else (not UTF-8, not JSON, not an object) fails with a DataError naming the
+    file and line."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    with path.open(encoding="utf-8-sig") as f:  # a byte-order mark is not data (json.loads calls it column 1)
-        for lineno, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            try:  # a byte-order mark is not data (json.loads calls it column 1)
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(f"{where}: not UTF-8 text (byte {raw[err.start]:#04x} at column {err.start + 1}); "
+                                "save the file as UTF-8") from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:

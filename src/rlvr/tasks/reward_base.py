@@ -8,14 +8,31 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from typing import Callable, Sequence
 
+from rlvr.core.interrupts import CallTimedOut, call_bounded
 from rlvr.grading import grade_pairs, grading_stats
 from rlvr.grading.extract import as_text
 from rlvr.sandbox import sandbox_stats
 
 Scores = dict[str, float]
+
+
+class RewardError(ValueError):
+    """A user's reward function that cannot be loaded or gave a value that is not a reward."""
+
+
+def bounded_reward_call(call: Callable, timeout: float | None, what: str):
+    """call() in a thread of its own within `timeout` seconds (rlvr.core.interrupts.call_bounded); a timeout,
+    sys.exit or KeyboardInterrupt in it is a RewardError naming `what`. A stop signal still gives it up."""
+    try:
+        return call_bounded(call, timeout, what, "reward_timeout")
+    except (CallTimedOut, RuntimeError) as err:
+        if isinstance(err, RuntimeError) and not str(err).startswith(what):
+            raise
+        raise RewardError(str(err)) from None
 
 
 def scores_of(format_ok: float, right: bool) -> Scores:
@@ -32,15 +49,26 @@ class RewardContext:
     completion_ids: list | None = None
     rows: list | None = None
     step: int | None = None
+    global_step: int | None = None  # optimizer steps done when the batch was sampled (TRL's trainer_state)
+    max_steps: int | None = None
+    epoch: float | None = None
+    row_prompts: list | None = None  # each row's prompt as TRL passes it (PromptTemplate.reward_prompt)
     results: dict = dataclasses.field(default_factory=dict)
+    metrics: dict = dataclasses.field(default_factory=dict)  # log_metric(name, value): name -> values
+    extras: dict = dataclasses.field(default_factory=dict)  # log_extra(column, values): column -> one per row
 
     @classmethod
-    def of_completions(cls, completions, prompts: list, rows: list, step: int | None = None) -> "RewardContext":
+    def of_completions(cls, completions, prompts: list, rows: list, step: int | None = None, template=None,
+                       **training) -> "RewardContext":
         """The context of completions (anything with `prompt_index` and `token_ids`: the engine's) of these
-        prompts and rows, one of each per prompt index."""
+        rendered prompts and rows, one of each per prompt index; `template` (a PromptTemplate) gives each row's
+        prompt as a reward function sees it; `training`: global_step, max_steps, epoch."""
+        row_prompts = [template.reward_prompt(r) for r in rows] if template is not None else None
         return cls(prompts=[prompts[c.prompt_index] for c in completions],
                    completion_ids=[list(c.token_ids) for c in completions],
-                   rows=[rows[c.prompt_index] for c in completions], step=step)
+                   rows=[rows[c.prompt_index] for c in completions], step=step,
+                   row_prompts=[row_prompts[c.prompt_index] for c in completions] if row_prompts else None,
+                   **training)
 
 
 class RewardFn:
@@ -84,20 +112,14 @@ class RewardFn:
         return f"<reward fn {self.name}>"
 
 
-def run_awaitables(awaitables: list) -> list:
-    """The results of awaitables run concurrently, from synchronous code (in a thread of its own when this
-    thread already runs an event loop: a notebook, an async caller)."""
+def run_awaitables(awaitables: list, timeout: float | None = None, what: str = "reward functions") -> list:
+    """The results of awaitables run concurrently, from synchronous code, in an event loop of their own in a
+    thread of its own (so a notebook's running loop is no obstacle), within `timeout` seconds
+    (bounded_reward_call)."""
     async def gather():
         return await asyncio.gather(*awaitables)
 
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(gather())
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, gather()).result()
+    return bounded_reward_call(lambda: asyncio.run(gather()), timeout, what)
 
 
 def score_batch(
@@ -127,11 +149,13 @@ def score_batch(
         context = context or RewardContext()
         awaitable = reward_fn.start(responses, ground_truths, context)
         if awaitable is not None:
-            context.results[id(reward_fn)] = run_awaitables([awaitable])[0]
+            shown = getattr(reward_fn, "shown", reward_fn.name)
+            context.results[id(reward_fn)] = run_awaitables([awaitable], getattr(reward_fn, "timeout", None),
+                                                            f"reward function {shown!r} on the batch")[0]
         pairs, finish = reward_fn.plan(responses, ground_truths, context)  # a code reward runs its programs here
         verdicts, counts = grade_pairs(pairs)
-        # a user's function alone that says None ("does not apply") gives no reward: 0, as TRL's sum over one
-        scores = [{k: (0.0 if v is None else v) for k, v in s.items()} for s in finish(verdicts)]
+        # a user's function alone that says None ("does not apply") gives the row no reward, nor a signal: NaN
+        scores = [{k: (math.nan if v is None else v) for k, v in s.items()} for s in finish(verdicts)]
     else:
         before = grading_stats()
         scores = [reward_fn(r, g) for r, g in zip(responses, ground_truths)]
@@ -141,4 +165,19 @@ def score_batch(
     ran = {key: value - ran_before[key] for key, value in sandbox_stats().items()}
     if ran["programs"]:  # programs run in the sandbox, by outcome (distinct programs: repeats run once)
         counts.update({f"code_{key}": value for key, value in ran.items()})
-    return scores, {f"grading/{key}": value for key, value in counts.items()}
+    meta = {f"grading/{key}": value for key, value in counts.items()}
+    if context is not None:
+        _user_logs(context, scores, meta)
+    return scores, meta
+
+
+def _user_logs(context: RewardContext, scores: list[Scores], meta: dict) -> None:
+    """TRL's log_metric (the step's mean, as `reward_metric/<name>`) and log_extra (a column of each row's
+    record, as `log/<column>` in its scores) from what the batch's reward functions called."""
+    for name, values in context.metrics.items():
+        numbers = [float(v) for v in values if isinstance(v, (int, float)) or hasattr(v, "__float__")]
+        if numbers:
+            meta[f"reward_metric/{name}"] = sum(numbers) / len(numbers)
+    for column, values in context.extras.items():
+        for score, value in zip(scores, values):
+            score[f"log/{column}"] = value

@@ -164,8 +164,9 @@ class FormatReward(RewardFn):
 class CombinedReward(RewardFn):
     """A weighted sum of reward functions; see `combine_rewards`."""
 
-    def __init__(self, components: list[tuple[str, Callable, float]]):
+    def __init__(self, components: list[tuple[str, Callable, float]], answer_term: int | None = None):
         self.components = components
+        self.answer_term = answer_term  # the component whose answer_reward is the answer signal (None: see plan)
         self.name = "+".join(name for name, _, _ in components)
 
     def plan(self, responses, ground_truths, context=None):
@@ -174,7 +175,11 @@ class CombinedReward(RewardFn):
                    if isinstance(fn, RewardFn)]
         pending = [(fn, awaitable) for fn, awaitable in pending if awaitable is not None]
         if pending:  # async functions (a remote judge) run concurrently, as TRL gathers them
-            for (fn, _), values in zip(pending, run_awaitables([a for _, a in pending])):
+            timeouts = [getattr(fn, "timeout", None) for fn, _ in pending]
+            names = ", ".join(repr(fn.name) for fn, _ in pending)
+            done = run_awaitables([a for _, a in pending], None if None in timeouts else max(timeouts),
+                                  f"reward functions {names} on the batch")
+            for (fn, _), values in zip(pending, done):
                 context.results[id(fn)] = values
         parts = []  # (name, weight, first pair index, pair count, finish) per component
         pairs: list[tuple[str, str]] = []
@@ -187,23 +192,27 @@ class CombinedReward(RewardFn):
             parts.append((name, weight, len(pairs), len(sub_pairs), finish))
             pairs.extend(sub_pairs)
 
-        # correctness comes from the first component that grades answers: a format bonus listed first
-        # ({format: 0.2, r1_zero: 1.0}) has no answer, and would make every answer look wrong to RFT/MaxRL
-        graders = [i for i, (_, fn, _) in enumerate(self.components) if not isinstance(fn, FormatReward)]
-        grader = graders[0] if graders else 0
+        kinds = [_kind(fn) for _, fn, _ in self.components]
+        answer_from = self.answer_term if self.answer_term is not None else \
+            next((i for i, kind in enumerate(kinds) if kind == "grader"), None)
 
         def finish_all(verdicts: list[bool]) -> list[Scores]:
             results = [(name, w, finish(verdicts[i : i + n])) for name, w, i, n, finish in parts]
             out = []
             for k in range(len(responses)):
-                first = results[0][2][k]
-                # a function's None ("does not apply to this row", TRL's convention) leaves the weighted sum
-                row = {
-                    "reward": sum(w * float(scores[k]["reward"]) for _, w, scores in results
-                                  if scores[k]["reward"] is not None),
-                    "format_reward": float(first["format_reward"] or 0.0),
-                    "answer_reward": float(results[grader][2][k]["answer_reward"] or 0.0),
-                }
+                # a function's None ("does not apply to this row", TRL's convention) leaves the weighted sum; a row
+                # none applies to has no reward at all (NaN: rlvr.stages.rollouts leaves it out of its group)
+                applied = [(w, float(scores[k]["reward"])) for _, w, scores in results
+                           if scores[k]["reward"] is not None]
+                reward = sum(w * r for w, r in applied) if applied else math.nan
+                if answer_from is None:  # only a user's functions: the weighted reward is the answer signal
+                    answer = reward
+                else:
+                    value = results[answer_from][2][k]["answer_reward"]
+                    answer = math.nan if value is None else float(value)
+                formats = [scores[k].get("format_reward") for _, _, scores in results]
+                fmt = next((float(f) for f in formats if f is not None), math.nan)
+                row = {"reward": reward, "format_reward": fmt, "answer_reward": answer}
                 row.update({f"reward/{name}": float(scores[k]["reward"]) for name, _, scores in results
                             if scores[k]["reward"] is not None})
                 out.append(row)
@@ -212,12 +221,22 @@ class CombinedReward(RewardFn):
         return pairs, finish_all
 
 
-def combine_rewards(components: list[tuple[str, Callable, float]]) -> RewardFn:
+def _kind(fn) -> str:
+    """"format" (a format bonus), "grader" (a built-in that grades the answer) or "user" (a user's function)."""
+    if isinstance(fn, FormatReward):
+        return "format"
+    return "user" if getattr(fn, "key", None) is not None else "grader"
+
+
+def combine_rewards(components: list[tuple[str, Callable, float]], answer_term: str | None = None) -> RewardFn:
     """A reward function that is the weighted sum of others (seed 002: correctness plus a format bonus).
 
-    `reward` is sum(weight * component reward); `format_reward` comes from the first component and
-    `answer_reward` (correctness) from the first one that is not a format bonus; `reward/<name>` is each
-    component's unweighted reward.
+    `reward` is sum(weight * component reward), over the components that apply to the row (a user's function may
+    say None; none applying: NaN); `reward/<name>` is each component's unweighted reward. `answer_reward`, the
+    answer signal that accuracy, pass@k, dynamic sampling, the curriculum and RFT/MaxRL read, is the
+    `answer_term` component's, else the first built-in grader's (correctness), else, when every component is a
+    user's function, the weighted reward. `format_reward` is the first component's that has one (a format
+    bonus, a grader, a user's dict with format_reward), else NaN (no format signal).
 
     >>> fn = combine_rewards([("correct", r1_zero_reward_fn, 1.0), ("format", format_reward_fn(), 0.2)])
     >>> fn(" 70 </think> <answer> 70 </answer>", "72")
@@ -239,7 +258,9 @@ def combine_rewards(components: list[tuple[str, Callable, float]]) -> RewardFn:
     names = [name for name, _, _ in checked]
     if len(set(names)) != len(names):
         raise ValueError(f"combine_rewards: component names must be distinct; got {names}")
-    return CombinedReward(checked)
+    if answer_term is not None and answer_term not in names:
+        raise ValueError(f"answer_term={answer_term!r} is not one of the reward terms ({', '.join(names)})")
+    return CombinedReward(checked, None if answer_term is None else names.index(answer_term))
 
 
 def format_reward_fn(base: RewardFn | str = "r1_zero") -> RewardFn:

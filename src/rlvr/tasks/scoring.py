@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from rlvr.tasks.rewards import Scores, score_batch
@@ -34,20 +35,37 @@ def compute_rollout_rewards(
 
 
 def rewards_and_metadata(scores: list[Scores], grading: dict) -> tuple:
-    """The raw-reward tensor and the metadata of `compute_rollout_rewards`, from `score_batch`'s output."""
+    """The raw-reward tensor and the metadata of `compute_rollout_rewards`, from `score_batch`'s output. A row
+    no reward function applied to has reward NaN; means skip NaN, and a signal no row has (the format of a
+    user's functions that say nothing of it) is left out of the metadata."""
     import torch
 
     raw_rewards = torch.tensor([float(s["reward"]) for s in scores], dtype=torch.float32)
-    keys = list(dict.fromkeys(["reward", "format_reward", "answer_reward"] + [k for s in scores for k in s]))
+    keys = list(dict.fromkeys(["reward", "format_reward", "answer_reward"]
+                              + [k for s in scores for k in s if not k.startswith("log/")]))
     metadata: dict[str, float] = {}
     for key in keys:
-        values = [float(s[key]) for s in scores if isinstance(s.get(key), (int, float))]
+        values = [float(s[key]) for s in scores
+                  if isinstance(s.get(key), (int, float)) and math.isfinite(float(s[key]))]
+        if not values and key != "reward":
+            continue
         mean = sum(values) / len(values) if values else 0.0
         metadata[f"{key}_mean"] = mean
-        if key.startswith("reward/"):  # each term's spread too, as TRL logs rewards/<fn>/std (over rows it applies to)
-            metadata[f"{key}_std"] = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5 if values else 0.0
+        if key.startswith("reward/"):  # each term's spread too, as TRL logs rewards/<fn>/std (over rows it applies
+            # to, with n - 1 as torch.std does)
+            metadata[f"{key}_std"] = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 \
+                if len(values) > 1 else 0.0
     metadata.update({key: float(value) for key, value in grading.items()})
     return raw_rewards, metadata
+
+
+def binary_rate(values) -> float | None:
+    """The mean of a 0/1 signal (its NaN rows left out), or None when it is not one: a rate (format rate,
+    answer rate, pass@k) of real-valued rewards would mean nothing."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not finite or any(v not in (0.0, 1.0) for v in finite):
+        return None
+    return sum(finite) / len(finite)
 
 
 def soft_overlong_penalty(length: int, max_new_tokens: int, buffer: int) -> float:

@@ -37,7 +37,8 @@ def reward_terms(cfg, prompt: PromptTemplate) -> dict[str, float]:
         return dict(rewards)
     if prompt.reward is None:
         raise ValueError(f"prompt {prompt.name!r} has no reward of its own: say what grades a response with "
-                         "rewards={path/to/rewards.py:my_reward: 1.0} (or a built-in such as answer_tag)")
+                         "rewards={path/to/rewards.py:my_reward: 1.0} (or a built-in such as answer_tag), or "
+                         "ask for a template that has one (prompt=r1_zero grades the answer column)")
     return {prompt.reward: 1.0}
 
 
@@ -55,27 +56,46 @@ def check_reward_names(cfg, prompt: PromptTemplate) -> None:
         if name == "format" and prompt.reward is None:
             raise ValueError(f"rewards has a format term, which is the prompt's format reward, but prompt "
                              f"{prompt.name!r} has none: write the format check as a reward function")
+    answer = getattr(cfg, "answer_term", None)
+    terms = [k for k in reward_terms(cfg, prompt) if k != "overlong"]
+    if answer is not None and answer not in terms + term_labels(terms):
+        raise ValueError(f"answer_term={answer!r} is not one of the run's reward terms "
+                         f"({', '.join(term_labels(terms))})")
 
 
-def _component(name: str, prompt: PromptTemplate) -> RewardFn:
+def _component(name: str, prompt: PromptTemplate, timeout: float | None = None, label: str | None = None) -> RewardFn:
     if name == "format":
         return format_reward_fn(prompt.reward)
     if is_user_reward(name):
-        return UserReward(name)
+        return UserReward(name, timeout=timeout, label=label)
     return get_reward_fn(name)
+
+
+def term_labels(names) -> list[str]:
+    """The name each term is logged under (`reward/<label>`): a function's name, with #2, #3, ... after it when
+    two terms share one (two lambdas, [f, f], two files' `score`)."""
+    labels, seen = [], {}
+    for name in names:
+        label = reward_label(name)
+        seen[label] = seen.get(label, 0) + 1
+        labels.append(label if seen[label] == 1 else f"{label}#{seen[label]}")
+    return labels
 
 
 def build_reward_fn(cfg, prompt: PromptTemplate) -> RewardFn:
     """The prompt's reward, or the weighted combination `rewards=` names (seed 002's correctness + format;
     a user's functions beside built-ins), each term logged as `reward/<name>`. The length term `overlong` is not
-    a function of the text: rlvr.stages.rollouts adds it."""
+    a function of the text: rlvr.stages.rollouts adds it. A user's function may take `reward_timeout` seconds a
+    batch."""
     terms = {k: w for k, w in reward_terms(cfg, prompt).items() if k != "overlong"}
+    timeout = getattr(cfg, "reward_timeout", None)
     if not getattr(cfg, "rewards", None):
-        return _component(next(iter(terms)), prompt)
-    labels = [reward_label(n) for n in terms]
-    parts = [(label if labels.count(label) == 1 else name, _component(name, prompt), weight)
-             for name, label, weight in zip(terms, labels, terms.values())]
-    return combine_rewards(parts)
+        return _component(next(iter(terms)), prompt, timeout)
+    labels = term_labels(terms)
+    answer = getattr(cfg, "answer_term", None)
+    answer = dict(zip(terms, labels)).get(answer, answer)  # a rewards= key names its term too
+    return combine_rewards([(label, _component(name, prompt, timeout, label), weight)
+                            for name, label, weight in zip(terms, labels, terms.values())], answer_term=answer)
 
 
 def eval_reward_fn(cfg, prompt: PromptTemplate) -> RewardFn:

@@ -4,49 +4,58 @@ Two signatures, told apart by the function's parameters:
 
     TRL's, over the whole batch (a TRL user's functions run unchanged):
         def fn(prompts, completions, completion_ids, **kwargs) -> list[float | None]
-    every dataset column arrives as a keyword with one value per completion, plus `trainer_state`
-    ({"global_step": step}); a conversational row's prompt is its messages and its completion
-    [{"role": "assistant", "content": text}], as in TRL. Detected by a parameter named `completions`.
+    every dataset column but `prompt` arrives as a keyword with one value per completion, plus `trainer_state`
+    (transformers' TrainerState: `global_step` is the optimizer steps done, as in TRL; `trainer_state["global_step"]`
+    works too), `log_metric(name, value)` (logged as train/<name>, the step's mean) and `log_extra(column,
+    values)` (a column of rollouts.jsonl). `prompts` are the dataset's prompts as TRL passes them: the row's
+    conversation, or its text prompt (the template filled in, before any chat template); a conversational row's
+    completion is [{"role": "assistant", "content": text}]. Detected by a parameter named `completions`, or by
+    keywords only (`def fn(**kwargs)`).
 
     rlvr's, one sample at a time:
         def fn(response, ground_truth, **row) -> float | {"reward", "format_reward", "answer_reward"} | None
     the row's columns arrive as keywords (a function without **kwargs gets only the columns it names).
 
-`None` means "does not apply to this row": the value leaves that row's weighted sum (TRL's convention). A
-plain number r scores reward r and counts as answer_reward r and format_reward r. `async def` functions run
-concurrently (a remote judge). Bad output is a RewardError naming the function and the row: a wrong length, a
-string, NaN or infinity, an exception; a function that does not import, is not callable or has neither
-signature fails when the config is checked, before any model is loaded.
+`None` means "does not apply to this row": the value leaves that row's weighted sum (TRL's convention); a row no
+function applies to has no reward at all (rlvr.tasks.scoring). A plain number r scores reward r and counts as
+answer_reward r and format_reward r. `async def` functions run concurrently (a remote judge). Bad output is a
+RewardError naming the function and the row: a wrong length, a string, NaN or infinity, an exception,
+sys.exit, no answer within `reward_timeout` seconds; a function that does not import, is not callable or has
+neither signature fails when the config is checked, before any model is loaded. A function gets copies of the
+rows: what it changes in them is not the dataset's.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import importlib
 import importlib.util
 import inspect
 import math
 import numbers
+import os
 import sys
 from pathlib import Path
 from typing import Callable
 
 from rlvr.core.imports import file_module_name
-from rlvr.tasks.reward_base import RewardContext, RewardFn, Scores
+from rlvr.tasks.reward_base import RewardContext, RewardError, RewardFn, Scores, bounded_reward_call, run_awaitables
 
-USER_REWARDS: dict[str, Callable] = {}  # name -> callable handed over in Python (rlvr.train(reward_funcs=...))
+# callables handed over in Python (rlvr.train(reward_funcs=...)), by key "python:<position>:<name>": the position in
+# the call's list keeps two lambdas, or [f, f], apart, and a cell run again (a new f) replaces the old one
+USER_REWARDS: dict[str, Callable] = {}
+PYTHON = "python:"
 
 
-class RewardError(ValueError):
-    """A user's reward function that cannot be loaded or gave a value that is not a reward."""
-
-
-def register_reward(name: str, fn: Callable) -> str:
-    """Make `fn` available as `rewards={name: w}` in this process; returns the name."""
+def register_reward(name: str, fn: Callable, position: int = 0) -> str:
+    """Make `fn` available as `rewards={key: w}` in this process; returns the key, python:<position>:<name>."""
     if not callable(fn):
         raise RewardError(f"reward function {name!r}: {fn!r} is not callable")
     signature_kind(fn, name)
-    USER_REWARDS[name] = fn
-    return name
+    key = f"{PYTHON}{position}:{name}"
+    USER_REWARDS[key] = fn
+    return key
 
 
 def is_user_reward(name: str) -> bool:
@@ -56,7 +65,7 @@ def is_user_reward(name: str) -> bool:
 
 def reward_label(name: str) -> str:
     """The name a user's function is logged under: `reward/<function name>`."""
-    return name.rpartition(":")[2] if ":" in name and name not in USER_REWARDS else name
+    return name.rpartition(":")[2] if ":" in name else name
 
 
 def _load_file(path: Path):
@@ -65,6 +74,9 @@ def _load_file(path: Path):
     key = file_module_name(path, "rewards")
     if key in sys.modules:
         return sys.modules[key]
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:  # its siblings (a helpers.py) import as they do when the file is run as a script;
+        sys.path.append(folder)  # last, so that they never shadow an installed module
     spec = importlib.util.spec_from_file_location(key, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[key] = module
@@ -76,10 +88,66 @@ def _load_file(path: Path):
     return module
 
 
+def reward_digest(name: str) -> str | None:
+    """What a user's reward function is, as a hash (rlvr.stages.validation keys its cache by it): for a file or
+    module, its source and the .py files beside it (the helpers it may import); for a callable handed over in
+    Python, its code, constants, closure and the globals it reads (functions among them by their own code),
+    and its module's file. None when `name` is not a user's function."""
+    if not is_user_reward(name):
+        return None
+    digest = hashlib.sha256(name.encode())
+    try:
+        fn = load_reward_callable(name)
+    except RewardError:
+        return None
+    _digest_callable(fn, digest, set())
+    return digest.hexdigest()
+
+
+def _digest_callable(fn, digest, seen: set) -> None:
+    import marshal
+
+    fn = getattr(fn, "__func__", fn)
+    target = fn if hasattr(fn, "__code__") else getattr(type(fn), "__call__", fn)
+    code = getattr(target, "__code__", None)
+    try:
+        source = inspect.getsourcefile(target)
+    except TypeError:
+        source = None
+    if source and Path(source).is_file() and source not in seen:
+        seen.add(source)
+        folder = Path(source).parent
+        for file in sorted(folder.glob("*.py")):
+            digest.update(file.name.encode() + b"\0" + file.read_bytes())
+    if code is None or id(code) in seen:
+        digest.update(repr(fn).encode()[:200])
+        return
+    seen.add(id(code))
+    digest.update(marshal.dumps(code))
+    for cell in getattr(target, "__closure__", None) or ():
+        _digest_value(cell.cell_contents, digest, seen)
+    globals_ = getattr(target, "__globals__", {})
+    for ref in code.co_names:
+        if ref in globals_:
+            _digest_value(globals_[ref], digest, seen)
+
+
+def _digest_value(value, digest, seen: set) -> None:
+    if callable(value) and (hasattr(value, "__code__") or hasattr(value, "__func__")):
+        _digest_callable(value, digest, seen)
+    elif isinstance(value, (int, float, str, bytes, bool, tuple, frozenset, type(None))) or \
+            isinstance(value, (list, dict, set)) and len(value) <= 10_000:
+        digest.update(repr(value).encode())
+
+
 def load_reward_callable(name: str) -> Callable:
     """The callable a `rewards=` key names: registered, `file.py:fn` or `package.module:fn`."""
     if name in USER_REWARDS:
         return USER_REWARDS[name]
+    if name.startswith(PYTHON):
+        raise RewardError(f"reward function {reward_label(name)!r} was handed over in Python (rlvr.train(reward_funcs="
+                          "...)) and lives in that process only: hand it over again, or put it in a file "
+                          "(rewards={path/to/file.py:fn: 1.0})")
     where, _, attr = name.rpartition(":")
     if not where or not attr.isidentifier():
         raise RewardError(f"reward function {name!r}: expected path/to/file.py:function or package.module:function")
@@ -89,6 +157,8 @@ def load_reward_callable(name: str) -> Callable:
             raise RewardError(f"reward function {name!r}: no such file {path}")
         module = _load_file(path)
     else:
+        if os.getcwd() not in sys.path and "" not in sys.path:  # a package of the current folder, as `python -m`
+            sys.path.append(os.getcwd())  # finds it (the `rlvr` command's own path starts elsewhere)
         try:
             module = importlib.import_module(where)
         except Exception as err:
@@ -113,6 +183,10 @@ def signature_kind(fn: Callable, name: str) -> str:
         raise RewardError(f"reward function {name!r}: its signature cannot be read") from None
     if "completions" in params:
         return "batch"
+    required = [p for p in params.values() if p.default is p.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    if not required and any(p.kind == p.VAR_KEYWORD for p in params.values()) and \
+            not any(p.kind == p.VAR_POSITIONAL for p in params.values()):
+        return "batch"  # def fn(**kwargs): TRL calls every function with keywords only
     positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params.values()):
         return "sample"
@@ -143,24 +217,46 @@ def _number(value, name: str, where: str) -> float | None:
 
 
 def _scores(value, name: str, where: str) -> Scores:
+    """A function's value for one row as scores: a number is the reward and the answer signal and says nothing of
+    the format (None); a dict may give each (answer_reward defaults to the reward, format_reward to None)."""
     if isinstance(value, dict):
         if "reward" not in value:
             raise RewardError(f"reward function {name!r} returned a dict without 'reward' for {where}: "
                               f"{sorted(value)}")
         reward = _number(value["reward"], name, where)
-        out = {"reward": reward}
-        for key in ("format_reward", "answer_reward"):
-            out[key] = _number(value[key], name, where) if key in value else reward
-        return out
+        return {"reward": reward,
+                "format_reward": _number(value["format_reward"], name, where) if "format_reward" in value else None,
+                "answer_reward": _number(value["answer_reward"], name, where) if "answer_reward" in value else reward}
     reward = _number(value, name, where)
-    return {"reward": reward, "format_reward": reward, "answer_reward": reward}
+    return {"reward": reward, "format_reward": None, "answer_reward": reward}
+
+
+DEFAULT_TIMEOUT = 300.0  # seconds a function may take on one batch (config: reward_timeout)
+
+
+def trainer_state(context: RewardContext):
+    """TRL's `trainer_state` for a batch: transformers' TrainerState, whose `global_step` is the optimizer steps
+    done when the batch was sampled (0 on the first step, as in TRL), subscriptable as rlvr's dict was."""
+    from transformers import TrainerState
+
+    class RewardTrainerState(TrainerState):
+        def __getitem__(self, key):
+            return getattr(self, key)
+
+    return RewardTrainerState(global_step=context.global_step or 0, max_steps=context.max_steps or 0,
+                              epoch=context.epoch)
 
 
 class UserReward(RewardFn):
-    """A user's function as a RewardFn: called with the batch's context, its output checked."""
+    """A user's function as a RewardFn: called with copies of the batch's rows, bounded by `timeout` seconds a
+    batch, its output checked."""
 
-    def __init__(self, name: str, fn: Callable | None = None):
-        self.name, self.fn = name, fn if fn is not None else load_reward_callable(name)
+    def __init__(self, name: str, fn: Callable | None = None, timeout: float | None = DEFAULT_TIMEOUT,
+                 label: str | None = None):
+        self.name, self.fn = label or reward_label(name), fn if fn is not None else load_reward_callable(name)
+        self.key, self.timeout = name, timeout
+        # what messages call it: where it is defined (file.py:fn, pkg.mod:fn), or its name when handed over in Python
+        self.shown = self.name if name.startswith(PYTHON) or ":" not in name else name
         self.kind = signature_kind(self.fn, name)
         self.is_async = inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(
             getattr(self.fn, "__call__", None))
@@ -170,21 +266,34 @@ class UserReward(RewardFn):
         return f"row {rows[k].id!r}" if rows and k < len(rows) and rows[k].id else f"completion {k}"
 
     def _calls(self, responses, truths, context: RewardContext):
-        """(callable's kwargs for one batch call) or [kwargs per row], by signature."""
+        """(callable's kwargs for one batch call) or [kwargs per row], by signature; the rows' values are copies,
+        so a function that changes them changes nothing of the dataset's."""
         rows = context.rows or [None] * len(responses)
-        fields = [dict(r.fields) if r is not None else {} for r in rows]
+        fields = [copy.deepcopy(r.fields) if r is not None else {} for r in rows]
         if self.kind == "sample":
-            return [_accepted(self.fn, {**f, "response": r, "ground_truth": t})
-                    for f, r, t in zip(fields, responses, truths)]
+            calls = []
+            for k, (f, r, t) in enumerate(zip(fields, responses, truths)):
+                clash = [c for c, v in (("response", r), ("ground_truth", t)) if c in f and f[c] != v]
+                if clash:
+                    raise RewardError(f"reward function {self.shown!r}: {self._where(context, k)} has a column "
+                                      f"{clash[0]!r}, which rlvr's signature fn(response, ground_truth, **row) "
+                                      f"passes as its own argument; rename the column (or, for ground_truth, set "
+                                      f"answer_field={clash[0]})")
+                calls.append(_accepted(self.fn, {**f, "response": r, "ground_truth": t}))
+            return calls
         chat = [r is not None and r.conversation is not None for r in rows]
-        prompts = context.prompts or [""] * len(responses)
+        # TRL's `prompts`: the dataset's prompt, the conversation or the text (not the chat-rendered string)
+        prompts = context.row_prompts or context.prompts or [""] * len(responses)
         columns = {k for f in fields for k in f} - {"prompt", "completion", "completion_ids"}
         kwargs = {k: [f.get(k) for f in fields] for k in sorted(columns)}
         kwargs.update(
-            prompts=[list(r.conversation) if c else p for r, c, p in zip(rows, chat, prompts)],
+            prompts=[copy.deepcopy(list(r.conversation)) if c else p for r, c, p in zip(rows, chat, prompts)],
             completions=[[{"role": "assistant", "content": t}] if c else t for t, c in zip(responses, chat)],
-            completion_ids=context.completion_ids or [[] for _ in responses],
-            trainer_state={"global_step": context.step or 0},
+            completion_ids=[list(ids) for ids in context.completion_ids] if context.completion_ids
+            else [[] for _ in responses],
+            trainer_state=trainer_state(context),
+            log_metric=lambda name, value: context.metrics.setdefault(str(name), []).append(value),
+            log_extra=lambda column, values: context.extras.__setitem__(str(column), list(values)),
         )
         return _accepted(self.fn, kwargs)
 
@@ -200,7 +309,10 @@ class UserReward(RewardFn):
             raise self._raised(err, where) from err
 
     def _raised(self, err: Exception, where: str) -> RewardError:
-        return RewardError(f"reward function {self.name!r} raised {type(err).__name__} on {where}: {err}")
+        return RewardError(f"reward function {self.shown!r} raised {type(err).__name__} on {where}: {err}")
+
+    def _bounded(self, call: Callable, where: str):
+        return bounded_reward_call(call, self.timeout, f"reward function {self.shown!r} on {where}")
 
     def start(self, responses, ground_truths, context):
         if not self.is_async:
@@ -228,27 +340,27 @@ class UserReward(RewardFn):
         if id(self) in context.results:
             raw = context.results.pop(id(self))
         elif self.is_async:
-            from rlvr.tasks.reward_base import run_awaitables
-
-            raw = run_awaitables([self.start(responses, ground_truths, context)])[0]
+            raw = run_awaitables([self.start(responses, ground_truths, context)], self.timeout,
+                                 f"reward function {self.shown!r} on the batch")[0]
         elif self.kind == "batch":
-            raw = self._invoke(self._calls(responses, ground_truths, context), "the batch")
+            calls = self._calls(responses, ground_truths, context)
+            raw = self._bounded(lambda: self._invoke(calls, "the batch"), "the batch")
         else:
-            raw = [self._invoke(kw, self._where(context, k))
-                   for k, kw in enumerate(self._calls(responses, ground_truths, context))]
+            calls = self._calls(responses, ground_truths, context)
+            raw = self._bounded(lambda: [self._invoke(kw, self._where(context, k)) for k, kw in enumerate(calls)],
+                                "the batch")
         if self.kind == "batch":
             if isinstance(raw, (str, bytes, dict)) or not hasattr(raw, "__len__"):
-                raise RewardError(f"reward function {self.name!r} returned {type(raw).__name__}; a TRL-style "
+                raise RewardError(f"reward function {self.shown!r} returned {type(raw).__name__}; a TRL-style "
                                   f"function returns a list of {len(responses)} floats (or None)")
             raw = list(raw)
             if len(raw) != len(responses):
-                raise RewardError(f"reward function {self.name!r} returned {len(raw)} values for "
+                raise RewardError(f"reward function {self.shown!r} returned {len(raw)} values for "
                                   f"{len(responses)} completions")
-        return [_scores(v, self.name, self._where(context, k)) for k, v in enumerate(raw)]
+        return [_scores(v, self.shown, self._where(context, k)) for k, v in enumerate(raw)]
 
     def plan(self, responses, ground_truths, context=None):
         scores = self.values(list(responses), list(ground_truths), context or RewardContext())
-        # alone (not in a combination) a None is no reward: 0, as TRL's nansum over one function
         return [], lambda _: scores
 
     def __call__(self, response: str, ground_truth: str, **row) -> Scores:
@@ -256,4 +368,4 @@ class UserReward(RewardFn):
 
         context = RewardContext(rows=[Example("", ground_truth, fields=row)], prompts=[""])
         out = self.values([response], [ground_truth], context)[0]
-        return {k: (0.0 if v is None else v) for k, v in out.items()}
+        return {k: (math.nan if v is None else v) for k, v in out.items()}

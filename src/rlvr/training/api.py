@@ -25,7 +25,7 @@ from typing import Callable
 
 from rlvr.config import ConfigError, EvalConfig, TrainConfig, load_config
 from rlvr.core.models import cache_dir
-from rlvr.tasks.user_rewards import USER_REWARDS, register_reward
+from rlvr.tasks.user_rewards import PYTHON, register_reward
 
 
 def _rows_file(rows, what: str) -> str:
@@ -52,6 +52,9 @@ def _rows_file(rows, what: str) -> str:
 
 
 def _reward_terms(reward_funcs, reward_weights) -> dict[str, float]:
+    """{key: weight}: a name rewards= takes as it is, a callable registered under python:<position>:<name>, so
+    that TRL's list keeps each entry a term of its own ([f, f] with weights [1, 2] weighs f 3; two lambdas are two
+    terms) and defining a function again (a notebook cell run twice) replaces it."""
     if reward_funcs is None:
         return {}
     if isinstance(reward_funcs, dict):
@@ -62,35 +65,34 @@ def _reward_terms(reward_funcs, reward_weights) -> dict[str, float]:
         if len(weights) != len(funcs):
             raise ConfigError(f"reward_weights has {len(weights)} weights for {len(funcs)} reward functions")
         items = list(zip(funcs, weights))
-    terms = {}
-    for fn, weight in items:
+    terms: dict[str, float] = {}
+    for position, (fn, weight) in enumerate(items):
         if isinstance(fn, str):  # a name rewards= takes (a built-in, a file.py:fn)
-            terms[fn] = float(weight)
+            terms[fn] = terms.get(fn, 0.0) + float(weight)
             continue
         name = getattr(fn, "__name__", None) or type(fn).__name__
-        if USER_REWARDS.get(name, fn) is not fn:
-            raise ConfigError(f"two different reward functions are called {name!r}; rename one (each is logged as "
-                              f"reward/<name>)")
-        terms[register_reward(name, fn)] = float(weight)
+        terms[register_reward(name, fn, position)] = float(weight)
     return terms
 
 
-def _build(cls, config, reward_funcs, reward_weights, train_dataset, eval_dataset, overrides: dict):
+def _build(cls, config, reward_funcs, reward_weights, train_dataset, eval_dataset, overrides: dict,
+           given: str = "rlvr.train"):
     overrides = dict(overrides)
     terms = _reward_terms(reward_funcs, reward_weights)
     if terms:
         overrides["rewards"] = {**(overrides.get("rewards") or {}), **terms}
     if train_dataset is not None:
         overrides["dataset"] = _rows_file(train_dataset, "train")
+        if cls is EvalConfig and not isinstance(train_dataset, (str, Path)):
+            overrides.setdefault("split", "all")  # rows handed over to be evaluated are evaluated, every one
     if eval_dataset is not None:
-        key = "validation_dataset" if cls is TrainConfig else "dataset"
-        overrides[key] = _rows_file(eval_dataset, "eval")
+        overrides["validation_dataset"] = _rows_file(eval_dataset, "eval")
     if isinstance(config, cls):
         data = config.model_dump(by_alias=True, exclude_unset=True)
-        return load_config(cls, None, {**data, **overrides})
+        return load_config(cls, None, {**data, **overrides}, given=given)
     if isinstance(config, dict):
-        return load_config(cls, None, {**config, **overrides})
-    return load_config(cls, config, overrides)
+        return load_config(cls, None, {**config, **overrides}, given=given)
+    return load_config(cls, config, overrides, given=given)
 
 
 def train(config: str | Path | dict | TrainConfig | None = None, *, reward_funcs: Callable | list | dict | None = None,
@@ -99,7 +101,7 @@ def train(config: str | Path | dict | TrainConfig | None = None, *, reward_funcs
     from rlvr.training.rl import train_grpo
 
     cfg = _build(TrainConfig, config, reward_funcs, reward_weights, train_dataset, eval_dataset, overrides)
-    if cfg.distributed.enabled and any(name in USER_REWARDS for name in cfg.rewards or {}):
+    if cfg.distributed.enabled and any(name.startswith(PYTHON) for name in cfg.rewards or {}):
         raise ConfigError("a reward function handed over in Python lives in this process only; a distributed run "
                           "needs it in a file: rewards={path/to/file.py:fn: 1.0}")
     train_grpo(cfg)
@@ -111,5 +113,5 @@ def evaluate(config: str | Path | dict | EvalConfig | None = None, *, reward_fun
     """Evaluate as `rlvr eval` does, in this process; returns the summary (accuracy: the mean reward)."""
     from rlvr.stages.evaluation import run_eval
 
-    cfg = _build(EvalConfig, config, reward_funcs, reward_weights, dataset, None, overrides)
+    cfg = _build(EvalConfig, config, reward_funcs, reward_weights, dataset, None, overrides, given="rlvr.evaluate")
     return run_eval(cfg)

@@ -27,7 +27,7 @@ from rlvr.config import DPOConfig
 from rlvr.core import checkpoint as ckpt
 from rlvr.core.devices import input_device
 from rlvr.engines.base import SamplingParams
-from rlvr.stages.validation import validate
+from rlvr.stages.validation import validate, validation_rows
 from rlvr.tasks.prompts import PromptTemplate
 from rlvr.tasks.records import DataError, DataOrder, Example, jsonl_rows
 from rlvr.tasks.reward_base import RewardContext, score_batch
@@ -82,7 +82,8 @@ def rollout_pairs(engine, questions: list[Example], prompt: PromptTemplate, rewa
     completions = engine.generate(prompts, sampling)
     truths = [questions[c.prompt_index].answer for c in completions]
     scores, grading = score_batch(reward_fn, [c.text for c in completions], truths,
-                                  RewardContext.of_completions(completions, prompts, questions, step))
+                                  RewardContext.of_completions(completions, prompts, questions, step,
+                                                               template=prompt))
     _, meta = rewards_and_metadata(scores, grading)
     right: dict[int, dict[str, tuple[int, ...]]] = {}
     wrong: dict[int, dict[str, tuple[int, ...]]] = {}
@@ -179,14 +180,16 @@ def train_dpo(cfg: DPOConfig) -> dict:
     prompt, reward_fn = task.prompt, eval_reward_fn(cfg, task.prompt)
     from_rollouts = cfg.pairs == "rollouts"
     source = task.split("train", cfg.train_limit) if from_rollouts else load_pairs(cfg.pairs)
-    val = task.split("validation", cfg.eval_limit)
+    val = validation_rows(task, cfg)
+    if from_rollouts:  # every row's prompt fills and fits the model's context, before the model loads
+        stages.check_before_loading(task, cfg, source + val)
     model, tokenizer, state = stages.load_policy(cfg, run_dir, where.policy)
     reference = _frozen_reference(cfg, where.reference)
     optimizer, scheduler = stages.build_optimizer(model, cfg, cfg.steps)
     step, order = stages.restore(state, optimizer, scheduler, DataOrder(len(source), f"dpo-{cfg.seed}"))
     logger = stages.open_logger(run_dir, cfg, state)
     engine, val_engine = stages.build_engines(model, tokenizer, cfg, where)
-    if step == 0 and cfg.eval_at_start:
+    if step == 0 and cfg.eval_at_start and val:
         metrics, _ = validate(val_engine, model, val, prompt, tokenizer, cfg)
         logger.log(0, metrics)
         log.info("step 0 validation: %s", stages.fmt_metrics(metrics))
@@ -213,7 +216,7 @@ def train_dpo(cfg: DPOConfig) -> dict:
             scheduler.step()
             metrics.update({"train/lr": lr, "train/epoch": order.epochs_done, "time/generate": generated,
                             "time/step_seconds": time.perf_counter() - started})
-            if stages.validation_due(cfg, step):
+            if val and stages.validation_due(cfg, step):
                 val_metrics, _ = validate(val_engine, model, val, prompt, tokenizer, cfg)
                 metrics.update(val_metrics)
                 log.info("step %d: %s", step, stages.fmt_metrics(metrics))

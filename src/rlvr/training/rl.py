@@ -41,7 +41,8 @@ def train_grpo(cfg: TrainConfig) -> dict:
     where = stages.placement(cfg)  # a device this machine lacks stops the run here, before anything is written
     ckpt.seed_everything(cfg.seed)
     task, spec = load_task(cfg), cfg.estimator  # rows + prompt + reward, a built-in task's or a user's
-    prompt, train, val = task.prompt, task.split("train", cfg.train_limit), task.split("validation", cfg.eval_limit)
+    prompt, train, val = task.prompt, task.split("train", cfg.train_limit), stages.validation_rows(task, cfg)
+    stages.check_before_loading(task, cfg, train + val)  # every row's prompt fills and fits the model's context
     run_dir = stages.start_run(cfg)  # (after the data's checks: a run that cannot start leaves no directory behind)
     cfg = stages.native_precision(cfg, where)
     reward_fn = stages.build_reward_fn(cfg, prompt.reward)
@@ -60,54 +61,62 @@ def train_grpo(cfg: TrainConfig) -> dict:
     engine, val_engine = stages.build_engines(model, tokenizer, cfg, where)
     if step == 0 and cfg.curriculum.enabled and cfg.curriculum.first_pass:
         logger.log(0, stages.first_pass(sampler, engine, model, train, prompt, tokenizer, cfg, reward_fn))
-    if step == 0 and cfg.eval_at_start:
+    if step == 0 and cfg.eval_at_start and val:
         metrics = stages.start_validation(val_engine, model, val, prompt, tokenizer, cfg)
         logger.log(0, metrics)
-        log.info("step 0 validation: accuracy %.3f, format %.3f", metrics["val/accuracy"], metrics["val/format_rate"])
+        log.info("step 0 validation: %s", stages.finished_validation(metrics))
 
     from tqdm import tqdm
 
     bar = tqdm(total=cfg.steps, initial=step, desc=f"train {cfg.algorithm}", unit="step")
     metrics: dict = {}
+    def state_now() -> dict:
+        return stages.trainer_state(optimizer, scheduler, order, monitor=monitor.state(),
+                                    **stages.sampler_state(sampler))
+
     with stages.StopRequests() as stop:
         while step < cfg.steps:
             step += 1
             times: dict[str, float] = {}
             dynamic, graded, sampled = {}, None, None
-            with stages.timed(times, "generate"):
-                if cfg.dynamic_sampling:
-                    rollouts, dynamic, graded, sampled = stages.dynamic_rollouts(
-                        engine, model, train, sampler, prompt, tokenizer, cfg, step, reward_fn, spec)
-                else:
-                    rollouts = stages.collect_rollouts(engine, model, train, sampler, prompt, tokenizer, cfg, step)
-            with stages.timed(times, "score"):
-                scored = stages.score_rollouts(rollouts, reward_fn, spec, cfg, tokenizer, graded)
-                every, every_scores = sampled if sampled is not None else (rollouts, scored.scores)
-                curriculum = stages.record_rollouts(sampler, every, every_scores, scored.scores, cfg.group_size)
-            with stages.timed(times, "teacher"):
-                # (distill_kl reverse / forward: the update scores the teacher itself, logs train/teacher_kl_exact)
-                distilled = stages.distill_from_teacher(scored.batch, model, teacher, spec, cfg) \
-                    if teacher is not None and not spec.exact_distill else {}
-            updates = stages.train_on_rollouts(model, optimizer, scheduler, reference, scored.batch, spec, cfg, step,
-                                               times, teacher=teacher)
+            # a step that fails (a reward function's error) keeps the steps before it: this is what they left
+            last, updated = stages.finished_state(state_now()), []
+            save_last = lambda: stages.save_finished(  # noqa: E731
+                run_dir, step if updated else step - 1, model, tokenizer, state_now() if updated else last, cfg)
+            with stop.step(cfg, run_dir, step, "rlvr train", save_last, close=(bar.close, logger.close)):
+                with stages.timed(times, "generate"):
+                    if cfg.dynamic_sampling:
+                        rollouts, dynamic, graded, sampled = stages.dynamic_rollouts(
+                            engine, model, train, sampler, prompt, tokenizer, cfg, step, reward_fn, spec)
+                    else:
+                        rollouts = stages.collect_rollouts(engine, model, train, sampler, prompt, tokenizer, cfg,
+                                                           step)
+                with stages.timed(times, "score"):
+                    scored = stages.score_rollouts(rollouts, reward_fn, spec, cfg, tokenizer, graded)
+                    every, every_scores = sampled if sampled is not None else (rollouts, scored.scores)
+                    curriculum = stages.record_rollouts(sampler, every, every_scores, scored.scores, cfg.group_size)
+                with stages.timed(times, "teacher"):
+                    # (distill_kl reverse / forward: the update scores the teacher itself, logs train/teacher_kl_exact)
+                    distilled = stages.distill_from_teacher(scored.batch, model, teacher, spec, cfg) \
+                        if teacher is not None and not spec.exact_distill else {}
+                updated.append(True)  # from here the model has moved: a failure saves this step
+                updates = stages.train_on_rollouts(model, optimizer, scheduler, reference, scored.batch, spec, cfg,
+                                                   step, times, teacher=teacher)
 
-            lr = scheduler.get_last_lr()[0]
-            metrics = {**stages.step_metrics(cfg, rollouts, scored, updates, times, lr, sampled),
-                       **distilled,
-                       **dynamic,
-                       **curriculum}
-            if stages.validation_due(cfg, step):
-                with stages.timed(times, "validate"):
-                    val_metrics, _ = stages.validate(val_engine, model, val, prompt, tokenizer, cfg)
-                metrics.update(val_metrics, **{"time/validate": times["validate"]})
-            stages.log_step(step, metrics, rollouts, scored, times, monitor, logger, bar, cfg)
+                lr = scheduler.get_last_lr()[0]
+                metrics = {**stages.step_metrics(cfg, rollouts, scored, updates, times, lr, sampled),
+                           **distilled,
+                           **dynamic,
+                           **curriculum}
+                if val and stages.validation_due(cfg, step):
+                    with stages.timed(times, "validate"):
+                        val_metrics, _ = stages.validate(val_engine, model, val, prompt, tokenizer, cfg)
+                    metrics.update(val_metrics, **{"time/validate": times["validate"]})
+                stages.log_step(step, metrics, rollouts, scored, times, monitor, logger, bar, cfg)
             # the periodic checkpoint; on Ctrl-C / SIGTERM this step saved and the run stopped with one line
             stop.after_step(cfg, run_dir, step, "rlvr train", close=(bar.close, logger.close),
-                            save=lambda: ckpt.save_checkpoint(
-                                run_dir, step, model, tokenizer,
-                                stages.trainer_state(optimizer, scheduler, order, monitor=monitor.state(),
-                                                     **stages.sampler_state(sampler)),
-                                keep=cfg.keep_checkpoints))
+                            save=lambda: ckpt.save_checkpoint(run_dir, step, model, tokenizer, state_now(),
+                                                              keep=cfg.keep_checkpoints))
     bar.close()
     summary = {"steps": step, "algorithm": cfg.algorithm,
                **{k_: v for k_, v in metrics.items() if k_.startswith("val/")}}

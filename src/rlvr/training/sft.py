@@ -27,7 +27,7 @@ from rlvr.algorithms.policy import (
 from rlvr.config import SFTConfig
 from rlvr.core import checkpoint as ckpt
 from rlvr.environments import environment_factory
-from rlvr.stages.validation import validate
+from rlvr.stages.validation import validate, validation_rows
 from rlvr.tasks.task import load_task
 from rlvr.tasks.records import DataOrder
 
@@ -61,7 +61,8 @@ def train_sft(cfg: SFTConfig) -> dict:
     where = stages.placement(cfg)  # a device this machine lacks stops the run here, before anything is written
     ckpt.seed_everything(cfg.seed)
     task = load_task(cfg)
-    prompt, train, val = task.prompt, task.split("train", cfg.train_limit), task.split("validation", cfg.eval_limit)
+    prompt, train, val = task.prompt, task.split("train", cfg.train_limit), validation_rows(task, cfg)
+    stages.check_before_loading(task, cfg, train + val)  # every row's prompt fills and fits the model's context
     env = environment_factory(cfg.env) if cfg.env else None
     annotations = env is not None and env.sft_annotations
     for ex in train:  # an example without a target (a code row without a solution) fails before the model loads
@@ -75,7 +76,7 @@ def train_sft(cfg: SFTConfig) -> dict:
     engine = stages.build_engines(model, tokenizer, cfg, where, rollout=False)[1]  # validation only
     accumulation = cfg.batch_size // cfg.microbatch_size
 
-    if step == 0 and cfg.eval_at_start:
+    if step == 0 and cfg.eval_at_start and val:
         metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
         logger.log(0, metrics)
         log.info("step 0 validation: %s", stages.fmt_metrics(metrics))
@@ -117,7 +118,7 @@ def train_sft(cfg: SFTConfig) -> dict:
                        "train/grad_norm": float(grad_norm), "train/lr": lr, "train/response_tokens": tokens,
                        "train/epoch": order.epochs_done, "time/step_seconds": seconds,
                        "time/tokens_per_second": tokens / seconds}
-            if stages.validation_due(cfg, step):
+            if val and stages.validation_due(cfg, step):
                 val_metrics, _ = validate(engine, model, val, prompt, tokenizer, cfg)
                 metrics.update(val_metrics)
                 log.info("step %d: %s", step, stages.fmt_metrics(metrics))
