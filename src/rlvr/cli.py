@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from rlvr.config import ConfigError, DemoConfig, DPOConfig, EvalConfig, SFTConfig, TrainConfig, fields_help, load_config
+from rlvr.serve.config import load_serve_config, serve_help
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -183,26 +184,11 @@ def check_task_command(ctx: typer.Context, config: Path = ConfigOption,
                f"{len(report.warnings)} warning(s), {len(report.errors)} split(s) that did not load")
 
 
-def _serve_help() -> str:
-    from rlvr.serve.config import ServeConfig
-
-    return ("Serve a model behind an OpenAI-compatible API (docs/serve.md): `rlvr serve runs/grpo` serves a finished "
-            "run (its final/ model; an unfinished run's latest checkpoint), a checkpoint or a model name, on "
-            "http://127.0.0.1:8000/v1 until SIGTERM or Ctrl-C.\n\n" + fields_help(ServeConfig))
-
-
-@app.command("serve", context_settings=_EXTRA, help=_serve_help(), options_metavar="[RUN_DIR | MODEL] [KEY=VALUE ...]")
+@app.command("serve", context_settings=_EXTRA, help=serve_help(), options_metavar="[RUN_DIR | MODEL] [KEY=VALUE ...]")
 def serve_command(ctx: typer.Context, config: Path = ConfigOption):
     _setup_logging()
-    from rlvr.serve.config import ServeConfig
-
-    overrides, after_key = [], False
-    for arg in ctx.args:  # `rlvr serve runs/grpo --port 8001`: a bare argument is the model
-        bare = not arg.startswith("--") and "=" not in arg and not after_key
-        overrides.append(f"model={arg}" if bare else arg)
-        after_key = arg.startswith("--") and "=" not in arg
     try:
-        cfg = load_config(ServeConfig, config, overrides)
+        cfg = load_serve_config(config, ctx.args)
     except ConfigError as err:
         _fail(str(err))
     from rlvr.serve.server import serve

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from rlvr.config.base import BaseConfig
+from rlvr.config.base import BaseConfig, fields_help, load_config
 
 
 class ServeConfig(BaseConfig):
@@ -47,3 +47,20 @@ class ServeConfig(BaseConfig):
 
         load_parser(value)  # a name that does not resolve fails here, before the model loads
         return value
+
+
+def serve_help() -> str:
+    return ("Serve a model behind an OpenAI-compatible API (docs/serve.md): `rlvr serve runs/grpo` serves a finished "
+            "run (its final/ model; an unfinished run's latest checkpoint), a checkpoint or a model name, on "
+            "http://127.0.0.1:8000/v1 until SIGTERM or Ctrl-C.\n\n" + fields_help(ServeConfig))
+
+
+def load_serve_config(path, args: list[str]) -> ServeConfig:
+    """`rlvr serve`'s config from a file and the command line, where a bare argument is the model
+    (`rlvr serve runs/grpo --port 8001`); ConfigError names the field."""
+    overrides, after_key = [], False
+    for arg in args:
+        bare = not arg.startswith("--") and "=" not in arg and not after_key
+        overrides.append(f"model={arg}" if bare else arg)
+        after_key = arg.startswith("--") and "=" not in arg
+    return load_config(ServeConfig, path, overrides)
