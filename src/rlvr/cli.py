@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from rlvr.config import ConfigError, DemoConfig, DPOConfig, EvalConfig, SFTConfig, TrainConfig, fields_help, load_config
+from rlvr.serve.config import load_serve_config, serve_help
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -181,6 +182,23 @@ def check_task_command(ctx: typer.Context, config: Path = ConfigOption,
         typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW)
     typer.echo("ok" if not report.warnings and not report.errors else
                f"{len(report.warnings)} warning(s), {len(report.errors)} split(s) that did not load")
+
+
+@app.command("serve", context_settings=_EXTRA, help=serve_help(), options_metavar="[RUN_DIR | MODEL] [KEY=VALUE ...]")
+def serve_command(ctx: typer.Context, config: Path = ConfigOption):
+    _setup_logging()
+    try:
+        cfg = load_serve_config(config, ctx.args)
+    except ConfigError as err:
+        _fail(str(err))
+    from rlvr.serve.server import serve
+
+    try:
+        serve(cfg)
+    except (ValueError, OSError) as err:
+        if _debug():
+            raise
+        _fail(_os_error(err) if isinstance(err, OSError) and err.filename is not None else str(err))
 
 
 @app.command("demo", context_settings=_EXTRA,

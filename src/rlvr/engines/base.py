@@ -13,6 +13,10 @@ that cannot provide them leaves `Completion.logprobs` / `.entropies` None.
 
 `HFEngine` (rlvr.engines.hf) is the transformers implementation. This module imports neither torch nor
 transformers, so configs can build `SamplingParams` cheaply.
+
+A server (rlvr.serve) needs one more, step-level capability: `continuous_batch()` returning a `StepBatch`, which
+requests join and leave between decode steps -- vLLM's LLMEngine interface (add_request / step / abort_request /
+has_unfinished_requests), so a vLLM backend hands its own engine through; HFEngine's is rlvr.engines.continuous.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from typing import Protocol
 class SamplingParams:
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
+    top_k: int = 0  # keep the k likeliest ids (0: all)
+    min_p: float = 0.0  # keep the ids at least min_p x as likely as the likeliest
     max_new_tokens: int = 256
     min_new_tokens: int = 0
     repetition_penalty: float = 1.0
@@ -41,6 +47,8 @@ class SamplingParams:
         checks = [
             ("temperature", self.temperature >= 0),
             ("top_p", 0 < self.top_p <= 1),
+            ("top_k", self.top_k >= 0),
+            ("min_p", 0 <= self.min_p <= 1),
             ("max_new_tokens", self.max_new_tokens >= 1),
             ("min_new_tokens", 0 <= self.min_new_tokens <= self.max_new_tokens),
             ("repetition_penalty", self.repetition_penalty > 0),
@@ -66,6 +74,24 @@ class Completion:
     # ids (their logprobs / entropies are NaN); None: every id was sampled
     loss_mask: list[bool] | None = None
     episode: dict | None = None  # what the episode did: turns, tool calls, how it ended
+
+
+class StepBatch(Protocol):
+    """A decode batch driven one step at a time (rlvr.engines.continuous.ContinuousBatch for HFEngine)."""
+
+    def add_request(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams, key: str | None = None,
+                    top_logprobs: int = 0, stop_token_ids=(), ignore_eos: bool = False) -> None:
+        """Queue `sampling.n` rows; a row's random stream is keyed as generate keys it (`key` or the ids)."""
+        ...
+
+    def step(self) -> list:
+        """One new token for every live row (StepOutput: request id, sample index, id, log-prob, top log-probs,
+        finish reason)."""
+        ...
+
+    def abort_request(self, request_id: str) -> None: ...
+
+    def has_unfinished_requests(self) -> bool: ...
 
 
 class RolloutEngine(Protocol):

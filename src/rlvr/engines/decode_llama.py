@@ -57,6 +57,9 @@ class DecodeState:
     slot: torch.Tensor  # (R,) each live row's index among the P * n rows it started as
     samples: int  # n: rows per prompt at the start
     length: int = 0  # columns of suffix_k written so far
+    # a continuous batch (rlvr.engines.continuous): rows of different lengths, each writing its new token at its own
+    # column (R,), left-aligned, `bias` masking the columns past each row's token; `length` is the columns attended
+    rows_at: torch.Tensor | None = None
 
     def select(self, keep: torch.Tensor) -> None:
         """Keep only these rows (finished rows leave the batch); the shared prefixes stay as they are."""
@@ -145,15 +148,20 @@ class LlamaDecoder:
         cos, sin = self.inner.rotary_emb(h.unsqueeze(1), positions.unsqueeze(1))  # (R, 1, d)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         t = state.length
+        rows = torch.arange(len(tokens), device=tokens.device) if state.rows_at is not None else None
         for index, (norm_in, qkv_proj, o_proj, norm_post, gate_up_proj, down_proj) in enumerate(self.layers):
             qkv = qkv_proj(norm_in(h))
             q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
             q = _rope(q.view(-1, self.heads, self.head_dim), cos, sin)
             k = _rope(k.view(-1, self.kv_heads, self.head_dim), cos, sin)
-            state.suffix_k[index][:, :, t] = k
-            state.suffix_v[index][:, :, t] = v.view(-1, self.kv_heads, self.head_dim)
-            if index == 0:
-                state.length = t + 1  # the new token attends to itself
+            if rows is not None:
+                state.suffix_k[index][rows, :, state.rows_at] = k
+                state.suffix_v[index][rows, :, state.rows_at] = v.view(-1, self.kv_heads, self.head_dim)
+            else:
+                state.suffix_k[index][:, :, t] = k
+                state.suffix_v[index][:, :, t] = v.view(-1, self.kv_heads, self.head_dim)
+                if index == 0:
+                    state.length = t + 1  # the new token attends to itself
             h = h + o_proj(self._attention(q, index, state))
             gate, up = gate_up_proj(norm_post(h)).chunk(2, dim=-1)
             h = h + down_proj(F.silu(gate) * up)

@@ -14,6 +14,7 @@ trained policy in before each rollout phase, which is also the contract a vLLM b
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 import numpy as np
@@ -23,15 +24,14 @@ from rlvr.core.devices import engine_dtype, input_device
 from rlvr.core.models import cache_keyword
 from rlvr.engines import decode_llama, int8
 from rlvr.engines.base import Completion, SamplingParams
-from rlvr.engines.kv_cache import PrefixCache, fill_cache, preallocated_cache, row_kv
+from rlvr.engines.kv_cache import MIN_SHARED_PROMPT, PrefixCache, common_prefix, fill_cache, preallocated_cache, row_kv
 from rlvr.engines.sampling import apply_repetition_penalty, row_key, sample_tokens, stop_candidates, uniforms
 from rlvr.engines.weights import empty_copy, merged_tensors
 
 # ----------------------------------------------------------------------------------------------------
 # The transformers backend.
 
-# Fewer shared ids than this are prefilled with each prompt: not worth a forward pass of their own.
-MIN_SHARED_PROMPT = 16
+__all__ = ["HFEngine", "MIN_SHARED_PROMPT"]
 
 
 @dataclasses.dataclass
@@ -66,7 +66,12 @@ class HFEngine:
         instead of the transformers forward. `prefix_cache_mib`: memory for the KV of completions generated with
         `SamplingParams.keep_cache` (kv_cache.PrefixCache), which a later prompt that continues one of them reuses
         instead of prefilling it again (0: none). `share_prompt_prefix`: the ids every prompt of a call starts with
-        (an instruction all prompts share: ~90 of r1_zero's ~130) are prefilled once, not once per prompt."""
+        (an instruction all prompts share: ~90 of r1_zero's ~130) are prefilled once, not once per prompt; the
+        same completions and log-probs as prefilling each prompt whole up to float rounding, not exactly (other
+        matmul and attention shapes round differently: 1 of 32 default-model fp32 samples differed, issue 63)."""
+        # one caller at a time decodes or changes the weights (a server's batch steps beside a trainer's syncs);
+        # weights_version counts the syncs, so a continuous batch knows to rebuild its fused weights
+        self.lock, self.weights_version = threading.RLock(), 0
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.compact_fraction = compact_fraction
@@ -107,9 +112,25 @@ class HFEngine:
         self._stop_tables: dict = {}  # (stop strings, vocabulary size) -> stop_candidates
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
-        self.clear_cache()  # a shared policy may have changed in place since the KV was computed
-        if self.model is not policy:
-            self.load_weights(merged_tensors(policy))
+        with self.lock:
+            self.clear_cache()  # a shared policy may have changed in place since the KV was computed
+            self.weights_version += 1
+            if self.model is not policy:
+                self.load_weights(merged_tensors(policy))
+
+    def continuous_batch(self, max_rows: int | None = None, max_prefill_tokens: int = 8192,
+                         max_kv_bytes: int | None = None):
+        """A decode batch that requests join and leave between steps (rlvr.engines.continuous; vLLM's add_request /
+        step / abort_request), for a server; `max_rows` defaults to batch_size."""
+        from rlvr.engines.continuous import ContinuousBatch
+
+        return ContinuousBatch(self, max_rows or self.batch_size, max_prefill_tokens, max_kv_bytes)
+
+    def stop_table(self, stop: tuple[str, ...], vocab: int) -> np.ndarray:
+        """sampling.stop_candidates for these stop strings, computed once per engine."""
+        if (stop, vocab) not in self._stop_tables:
+            self._stop_tables[stop, vocab] = stop_candidates(self.tokenizer, stop, vocab)
+        return self._stop_tables[stop, vocab]
 
     def clear_cache(self) -> None:
         """Drop every kept KV (the weights changed, or the episodes that would continue them are over)."""
@@ -125,24 +146,27 @@ class HFEngine:
     def load_weights(self, tensors) -> None:
         """Copy (name, tensor) pairs -- a plain model's names, e.g. `engine_weights(policy)` sent from a learner in
         another process -- into the engine's model, casting to its dtype."""
-        self.clear_cache()
-        targets = self.named_tensors()
-        for name, value in (tensors.items() if isinstance(tensors, dict) else tensors):
-            if name not in targets:
-                raise KeyError(f"sync_weights: the engine's model has no tensor {name!r}")
-            if targets[name] is not value:  # an int8 engine quantizing a plain fp32 policy holds its tensors
-                targets[name].copy_(value)
-        if self.int8:
-            self.model, self._int8_decoder = int8.requantized(self.model, self.weights), None
+        with self.lock:
+            self.clear_cache()
+            self.weights_version += 1
+            targets = self.named_tensors()
+            for name, value in (tensors.items() if isinstance(tensors, dict) else tensors):
+                if name not in targets:
+                    raise KeyError(f"sync_weights: the engine's model has no tensor {name!r}")
+                if targets[name] is not value:  # an int8 engine quantizing a plain fp32 policy holds its tensors
+                    targets[name].copy_(value)
+            if self.int8:
+                self.model, self._int8_decoder = int8.requantized(self.model, self.weights), None
 
     def generate(self, prompts: list[str] | list[list[int]], sampling: SamplingParams, progress=None,
                  keys: list[str] | None = None) -> list[Completion]:
-        was_training = self.model.training
-        self.model.eval()  # a shared policy comes back in the mode it came in
-        try:
-            return self._generate(prompts, sampling, progress, keys)
-        finally:
-            self.model.train(was_training)
+        with self.lock:
+            was_training = self.model.training
+            self.model.eval()  # a shared policy comes back in the mode it came in
+            try:
+                return self._generate(prompts, sampling, progress, keys)
+            finally:
+                self.model.train(was_training)
 
     @torch.inference_mode()
     def _generate(self, prompts, sampling: SamplingParams, progress=None, keys=None) -> list[Completion]:
@@ -185,17 +209,14 @@ class HFEngine:
     def _shared_prompt_prefix(self, encoded: list[list[int]], cached: list) -> list:
         """`cached` with the prompts' common beginning for every prompt without a kept KV: (columns, its KV,
         "shared_prompt_tokens"), the KV computed here once. Unchanged when fewer than two prompts share at least
-        MIN_SHARED_PROMPT ids (all but each prompt's last id, which must be fed to give its first new token)."""
-        fresh = [i for i, c in enumerate(cached) if c is None]
-        if len(fresh) < 2:
+        MIN_SHARED_PROMPT ids (all but each prompt's last id, which must be fed to give its first new token). The
+        KV computed for one row of `common` ids rounds differently from the same ids inside the padded batch, so
+        what follows agrees with the unshared prefill up to float rounding (a sampled token can flip)."""
+        fresh = [encoded[i] for i, c in enumerate(cached) if c is None]
+        common = common_prefix(fresh)
+        if not common:
             return cached
-        first, common = encoded[fresh[0]], min(len(encoded[i]) for i in fresh) - 1
-        for i in fresh[1:]:
-            ids = encoded[i]
-            common = next((k for k in range(common) if ids[k] != first[k]), common)
-        if common < MIN_SHARED_PROMPT:
-            return cached
-        ids = torch.tensor([first[:common]], device=input_device(self.model))
+        ids = torch.tensor([fresh[0][:common]], device=input_device(self.model))
         cache = preallocated_cache(common)
         self._forward(ids, torch.ones_like(ids), cache)
         kv = torch.stack([torch.stack((layer.keys[0], layer.values[0])) for layer in cache.layers])
@@ -275,11 +296,7 @@ class HFEngine:
         is_eos = np.zeros(vocab, dtype=bool)
         is_eos[[e for e in self.eos_ids if e < vocab]] = True
         max_stop = max((len(s) for s in sampling.stop), default=0)
-        may_stop = None
-        if max_stop:
-            if (sampling.stop, vocab) not in self._stop_tables:
-                self._stop_tables[sampling.stop, vocab] = stop_candidates(self.tokenizer, sampling.stop, vocab)
-            may_stop = self._stop_tables[sampling.stop, vocab]
+        may_stop = self.stop_table(sampling.stop, vocab) if max_stop else None
         active = np.ones(total, dtype=bool)  # per row of `rows`: still generating
 
         for step in range(sampling.max_new_tokens):
@@ -294,7 +311,7 @@ class HFEngine:
             if sampled or sampling.logprobs or sampling.entropy:
                 probs = torch.softmax(logits / scale if scale != 1.0 else logits, dim=-1)
             next_tokens = sample_tokens(scores, uniforms(rows.keys, step).to(device), sampling.temperature,
-                                        sampling.top_p, probs=probs if sampled else None)
+                                        sampling.top_p, probs if sampled else None, sampling.top_k, sampling.min_p)
             if rows.seen is not None:
                 rows.seen.scatter_(1, next_tokens.unsqueeze(-1), True)
             # the step's one device -> host transfer: tokens, log-probs and entropies as float64 columns (ids

@@ -8,6 +8,20 @@ from __future__ import annotations
 
 import torch
 
+# Fewer shared ids than this are prefilled with each prompt: not worth a forward pass of their own.
+MIN_SHARED_PROMPT = 16
+
+
+def common_prefix(prompts: list[list[int]]) -> int:
+    """How many ids all `prompts` start with -- at most each one's length minus one (its last id must be fed to
+    give its first new token); 0 when fewer than two prompts or fewer than MIN_SHARED_PROMPT ids are shared."""
+    if len(prompts) < 2:
+        return 0
+    first, common = prompts[0], min(len(p) for p in prompts) - 1
+    for ids in prompts[1:]:
+        common = next((k for k in range(common) if ids[k] != first[k]), common)
+    return common if common >= MIN_SHARED_PROMPT else 0
+
 
 class _PreallocatedLayer:
     """A KV-cache layer that writes into a preallocated buffer instead of concatenating.
