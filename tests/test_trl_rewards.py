@@ -375,3 +375,18 @@ def test_the_guides_python_example_runs_as_written(tmp_path, model_dir, monkeypa
     assert "this run does not validate" in caplog.text
     assert [m["step"] for m in read_jsonl(tmp_path / "runs" / "mine" / "metrics.jsonl")] == [1, 2]
     assert scope["summary"]["n"] == 2  # the two held-out words, every one evaluated
+
+
+def test_two_reward_files_with_a_helpers_py_of_their_own_each_get_theirs(tmp_path):
+    """Seen under make test: one process loaded a rewards file whose helpers.py had no BONUS after another folder's
+    helpers.py was imported (sys.modules keeps the first `helpers`)."""
+    from rlvr.tasks.user_rewards import load_reward_callable
+
+    for name, value in (("a", 1.0), ("b", 2.0)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "helpers.py").write_text(f"VALUE_{name.upper()} = {value}\n")
+        (folder / "r.py").write_text(f"from helpers import VALUE_{name.upper()}\n\n"
+                                     f"def r(completions, **kw):\n    return [VALUE_{name.upper()}] * len(completions)\n")
+    assert load_reward_callable(f"{tmp_path / 'a' / 'r.py'}:r")(completions=["x"]) == [1.0]
+    assert load_reward_callable(f"{tmp_path / 'b' / 'r.py'}:r")(completions=["x"]) == [2.0]

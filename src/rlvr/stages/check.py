@@ -146,6 +146,8 @@ def check_before_loading(task: Task, cfg, rows: list[Example], tokenizer=None) -
     from rlvr.core.models import load_tokenizer
     from rlvr.stages.run import check_out
 
+    if getattr(cfg, "grades_code", False):  # a sandbox that cannot isolate programs is said before any model
+        cfg.sandbox.apply()
     check_out(cfg)  # the cheap mistakes first: no model is converted to say that out= is a file
     tokenizer = tokenizer or load_tokenizer(cfg.model)
     budget = max(getattr(cfg, "max_new_tokens", 0), getattr(cfg, "eval_max_new_tokens", 0))

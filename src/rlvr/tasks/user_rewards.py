@@ -74,9 +74,13 @@ def _load_file(path: Path):
     key = file_module_name(path, "rewards")
     if key in sys.modules:
         return sys.modules[key]
-    folder = str(path.resolve().parent)
-    if folder not in sys.path:  # its siblings (a helpers.py) import as they do when the file is run as a script;
-        sys.path.append(folder)  # last, so that they never shadow an installed module
+    folder = path.resolve().parent
+    # its siblings (a helpers.py) import as they do when the file runs as a script, folder first; a sibling's name
+    # that another folder's file of that name holds in sys.modules (a second task's helpers.py) is set aside while
+    # this file imports, so each file gets its own, and put back after
+    names = {p.stem for p in folder.glob("*.py")} | {p.parent.name for p in folder.glob("*/__init__.py")}
+    aside = {n: sys.modules.pop(n) for n in names if n in sys.modules and not _within(sys.modules[n], folder)}
+    sys.path.insert(0, str(folder))
     spec = importlib.util.spec_from_file_location(key, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[key] = module
@@ -85,7 +89,17 @@ def _load_file(path: Path):
     except Exception as err:
         del sys.modules[key]
         raise RewardError(f"reward file {path}: importing it raised {type(err).__name__}: {err}") from None
+    finally:
+        sys.path.remove(str(folder))
+        if str(folder) not in sys.path:  # an import inside a function at call time still finds the siblings;
+            sys.path.append(str(folder))  # last, so that they never shadow an installed module
+        sys.modules.update(aside)
     return module
+
+
+def _within(module, folder: Path) -> bool:
+    file = getattr(module, "__file__", None)
+    return file is not None and Path(file).resolve().is_relative_to(folder)
 
 
 def reward_digest(name: str) -> str | None:
