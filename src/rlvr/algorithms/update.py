@@ -16,6 +16,8 @@ Departures from seed 004's reference step, each keeping the update exactly the s
      trimmed to its longest row, so little time goes into padding.
   3. The vocabulary projection runs only at response positions (`get_response_log_probs(positions=...)`),
      and a microbatch's shared prompt runs through the model once (`share_prefix`).
+  4. No FLOP on padding (`pack`, rlvr.algorithms.packing): each microbatch's rows are packed into a few
+     sequences, each row cut at its last response token and a group's prompt written once per sequence.
 """
 
 from __future__ import annotations
@@ -115,13 +117,16 @@ def _microbatches(rows: list[int], input_ids: torch.Tensor, response_mask: torch
 @torch.no_grad()
 def score_log_probs(model, input_ids, labels, response_mask, microbatch_size: int, precision: str = "fp32",
                     rows: list[int] | None = None, share_prefix: bool = True, temperature: float = 1.0,
-                    return_token_entropy: bool = False, vocab: int | None = None):
+                    return_token_entropy: bool = False, vocab: int | None = None, pack: bool = True):
     """Log-probs (N, T) of the response tokens under `model` at `temperature`, without gradient (old policy,
     reference, teacher); rows not in `rows` are left at 0. With `return_token_entropy`, (log-probs, entropy).
-    `vocab`: over the first `vocab` token ids only (a teacher padded past the student's vocabulary)."""
+    `vocab`: over the first `vocab` token ids only (a teacher padded past the student's vocabulary). `pack`: the
+    rows padding-free (`get_response_log_probs(pack=True)`)."""
     out = torch.zeros(labels.shape, dtype=torch.float32)
     entropy = torch.zeros(labels.shape, dtype=torch.float32) if return_token_entropy else None
     rows = list(range(labels.shape[0])) if rows is None else rows
+    has_tokens = response_mask.any(dim=1)
+    rows = [r for r in rows if has_tokens[r]]  # a row with no response token scores nothing: no forward for it
     widths = _row_widths(response_mask)
     was_training = model.training
     model.eval()
@@ -131,7 +136,7 @@ def score_log_probs(model, input_ids, labels, response_mask, microbatch_size: in
         with autocast(precision, model):
             lp = get_response_log_probs(model, input_ids[idx, :w], labels[idx, :w], return_token_entropy,
                                         positions=response_mask[idx, :w], share_prefix=share_prefix,
-                                        temperature=temperature, vocab=vocab)
+                                        temperature=temperature, vocab=vocab, pack=pack)
         out[idx, :w] = lp["log_probs"].float().cpu()
         if entropy is not None:
             entropy[idx, :w] = lp["token_entropy"].float().cpu()
@@ -243,6 +248,7 @@ def policy_gradient_update(
     parallel=None,
     rollout_correction: RolloutCorrection | None = None,
     teacher=None,
+    pack: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One optimizer step of `spec`'s estimator on the N rollouts of `batch`.
 
@@ -258,7 +264,8 @@ def policy_gradient_update(
     its older weights) and the trainer's old policy (the live policy for the first update of a rollout batch,
     `old_log_probs` after it); the mismatch is reported whenever rollout_log_probs is known. `teacher`: the frozen
     teacher of `spec.distill_kl` reverse / forward, whose exact per-token KL (weighted by `spec.distill`) joins each
-    token's loss. Returns the whole batch's
+    token's loss. `pack`: each microbatch runs padding-free (`get_response_log_probs(pack=True)`: the same
+    gradient, to float rounding). Returns the whole batch's
     loss (the sum of the backpropagated microbatch losses) and metadata; its entropy (`trained_token_entropy`)
     is over the rollouts that were trained, not the whole batch.
     """
@@ -298,7 +305,8 @@ def policy_gradient_update(
             scored = get_response_log_probs(model, batch.input_ids[idx, :w], batch.labels[idx, :w],
                                             return_token_entropy=True, positions=mask, share_prefix=share_prefix,
                                             temperature=temperature, teacher=teacher if spec.exact_distill else None,
-                                            kl_direction=spec.distill_kl, entropy_grad=spec.entropy_coef > 0)
+                                            kl_direction=spec.distill_kl, entropy_grad=spec.entropy_coef > 0,
+                                            pack=pack)
             with autocast_paused(precision, model):
                 log_probs = scored["log_probs"]
                 if not bool(torch.isfinite(log_probs[mask]).all()):
