@@ -57,31 +57,6 @@ BUCKETS = [  # (bucket, predicate on the op name); the first that matches wins
 ]
 
 
-def token_slots(model, batch, microbatch: int, grouped: bool) -> dict:
-    """The decoder's token slots per update, padded (each microbatch trimmed to its longest row, its shared prefix
-    once) and as rlvr.algorithms.packing lays the microbatches out for this model; attention pairs not counted."""
-    from rlvr.algorithms import packing
-    from rlvr.algorithms.policy import MIN_SHARED_PREFIX, _shared_prefix_length
-    from rlvr.algorithms.update import _microbatches, _row_widths
-
-    rows = [r for r in range(len(batch)) if batch.response_mask[r].any()]
-    parts = (_microbatches(rows, batch.input_ids, batch.response_mask, microbatch) if grouped
-             else [rows[i : i + microbatch] for i in range(0, len(rows), microbatch)])
-    widths = _row_widths(batch.response_mask)
-    padded = packed = bins = 0
-    for part in parts:
-        w = int(widths[part].max())
-        ids, mask = batch.input_ids[part, :w], batch.response_mask[part, :w]
-        prefix = _shared_prefix_length(ids, mask)
-        prefix = prefix if prefix >= MIN_SHARED_PREFIX else 0
-        padded += prefix + len(part) * (w - prefix)
-        layout = packing.pack_rows(ids, mask, prefix, packing.attention_weight(model))
-        packed += prefix + (layout.input_ids.numel() if layout is not None else len(part) * (w - prefix))
-        bins += layout.input_ids.shape[0] if layout is not None else len(part)
-    return {"padded": padded, "packed": packed, "packed_share": packed / padded, "bins": bins,
-            "microbatches": len(parts)}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="runs/sft_arithmetic/final")
@@ -90,6 +65,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     parser.add_argument("--microbatch", type=int, default=8)
+    parser.add_argument("--microbatches", help="compare these microbatch sizes (comma-separated), alternating in this "
+                        "one process, packed per --packing (on or off)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--shapes", action="store_true", help="also list the costliest ops by input shape")
@@ -101,7 +78,7 @@ def main() -> None:
     parser.add_argument("--packing", default="on", choices=["on", "off", "compare"],
                         help="on: the update packs its microbatches (rlvr's default); off: padded rows; compare: "
                         "padded and packed alternating in this one process, --repeats each")
-    parser.add_argument("--efficiencies", default="3",
+    parser.add_argument("--efficiencies", default="1.3",
                         help="packing.ATTENTION_EFFICIENCY values to compare (comma-separated)")
     parser.add_argument("--responses", default="rollouts", choices=["rollouts", "sft"],
                         help="the responses trained: sampled by --model, or other questions' worked solutions")
@@ -118,7 +95,7 @@ def main() -> None:
     from rlvr.algorithms import packing
     from rlvr.algorithms.policy import (autocast, autocast_paused, get_response_log_probs, sft_microbatch_train_step,
                                         tokenize_prompt_and_ids, tokenize_prompt_and_output)
-    from rlvr.algorithms.update import TrainBatch, policy_gradient_update
+    from rlvr.algorithms.update import TrainBatch, policy_gradient_update, token_slots
     from rlvr.config import TrainConfig, load_config
     from rlvr.core.models import TRAINING_ATTENTION, load_model, prepare_for_training
     from rlvr.engines.hf import HFEngine
@@ -182,48 +159,53 @@ def main() -> None:
           f"{response_tokens} response tokens, {prompt_tokens} prompt tokens (unshared), width "
           f"{batch.input_ids.shape[1]}; precision {args.precision}, microbatch {cfg.microbatch_size}", flush=True)
 
-    slots = token_slots(model, batch, cfg.microbatch_size, args.work == "grpo")
-    print("decoder token slots per update (shared prefixes once): padded {padded}, packed {packed} "
-          "({packed_share:.3f} of padded; {bins} packed sequences for {microbatches} microbatches)".format(**slots),
-          flush=True)
+    sizes = [int(m) for m in args.microbatches.split(",")] if args.microbatches else [cfg.microbatch_size]
+    slots = {}
+    for size in sizes:
+        slots[size] = token_slots(model, batch.input_ids, batch.response_mask, size, grouped=args.work == "grpo")
+        print("microbatch {size}: decoder token slots per update (shared prefixes once): padded {padded}, packed "
+              "{packed} ({packed_share:.3f} of padded; {sequences} packed sequences, {microbatches} microbatches)".format(
+                  size=size, **slots[size]), flush=True)
 
-    def sft_update(pack: bool):
+    def sft_update(pack: bool, microbatch: int):
         """rlvr sft's step (rlvr.training.sft) on the batch: microbatches of its rows, one autocast region."""
         model.train()
         with autocast(cfg.precision, model):
-            for m in range(0, rows, cfg.microbatch_size):
-                part = slice(m, m + cfg.microbatch_size)
+            for m in range(0, rows, microbatch):
+                part = slice(m, m + microbatch)
                 out = get_response_log_probs(model, batch.input_ids[part], batch.labels[part],
                                              positions=batch.response_mask[part], share_prefix=True, pack=pack)
                 with autocast_paused(cfg.precision, model):
                     sft_microbatch_train_step(out["log_probs"], batch.response_mask[part],
-                                              -(-rows // cfg.microbatch_size))
+                                              -(-rows // microbatch))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     def update(variant):
-        attention, pack, efficiency = variants[variant]
+        attention, pack, efficiency, microbatch = variants[variant]
         model.set_attn_implementation({"rlvr": TRAINING_ATTENTION, "sdpa": "sdpa"}[attention])
         packing.ATTENTION_EFFICIENCY = efficiency
         if args.work == "sft":
-            return sft_update(pack)
-        return policy_gradient_update(model, optimizer, batch, cfg.estimator, -(-rows // cfg.microbatch_size),
+            return sft_update(pack, microbatch)
+        return policy_gradient_update(model, optimizer, batch, cfg.estimator, -(-rows // microbatch),
                                       cfg.max_grad_norm, precision=cfg.precision,
                                       rollout_correction=cfg.rollout_correction.spec(), pack=pack)
 
     efficiencies = [float(e) for e in args.efficiencies.split(",")]
-    if args.attention == "compare" and args.packing == "compare":
-        parser.error("compare one thing at a time: --attention compare or --packing compare")
-    pack_on = args.packing != "off"
+    if sum((args.attention == "compare", args.packing == "compare", len(sizes) > 1)) > 1:
+        parser.error("compare one thing at a time: --attention compare, --packing compare or --microbatches")
+    pack_on, size = args.packing != "off", sizes[0]
     if args.attention == "compare":
-        variants = {name: (name, pack_on, efficiencies[0]) for name in ("sdpa", "rlvr")}
+        variants = {name: (name, pack_on, efficiencies[0], size) for name in ("sdpa", "rlvr")}
     elif args.packing == "compare":
-        variants = {"padded": (args.attention, False, efficiencies[0]),
-                    **{f"packed (efficiency {e:g})": (args.attention, True, e) for e in efficiencies}}
+        variants = {"padded": (args.attention, False, efficiencies[0], size),
+                    **{f"packed (efficiency {e:g})": (args.attention, True, e, size) for e in efficiencies}}
+    elif len(sizes) > 1:
+        variants = {f"microbatch {m}": (args.attention, pack_on, efficiencies[0], m) for m in sizes}
     else:
         variants = {f"{args.attention} attention, {'packed' if pack_on else 'padded'}":
-                    (args.attention, pack_on, efficiencies[0])}
+                    (args.attention, pack_on, efficiencies[0], size)}
     names = list(variants)
     update(names[0])  # warm-up (the first update allocates the optimizer state)
     times = {v: [] for v in names}
@@ -233,12 +215,13 @@ def main() -> None:
             update(variant)
             times[variant].append(time.perf_counter() - start)
     result = {"machine": machine(), "args": vars(args), "update_s": times, "response_tokens": response_tokens,
-              "prompt_tokens": prompt_tokens, "token_slots": slots}
+              "prompt_tokens": prompt_tokens, "token_slots": {str(k): v for k, v in slots.items()}}
     for variant, seconds in times.items():
         median = statistics.median(seconds)
         print(f"update ({variant}): {median:.2f} s median of {[round(t, 2) for t in seconds]}; "
               f"{response_tokens / median:.0f} response tokens/s", flush=True)
-    base = "sdpa" if args.attention == "compare" else "padded" if args.packing == "compare" else None
+    base = ("sdpa" if args.attention == "compare" else "padded" if args.packing == "compare"
+            else names[0] if len(sizes) > 1 else None)
     if base is not None:
         result["ratio"] = {}
         for variant in names[1:]:

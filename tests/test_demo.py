@@ -18,7 +18,7 @@ def test_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
     assert result.exit_code == 0, result.output
     assert re.findall(r"stage (\d) of 6: ", result.output) == [str(k) for k in range(1, 7)]
     # the first stage says why the rest exists as soon as it has run, before stage 2 starts
-    first = result.output[result.output.index("stage 1 of 6"):result.output.index("stage 2 of 6")]
+    first = " ".join(result.output[result.output.index("stage 1 of 6"):result.output.index("stage 2 of 6")].split())
     assert "why the rest exists: prompted alone, the untrained model wrote the <answer> format" in first
     # the terminal's tables read whole in 80 columns; the figure is written and named in the last line
     assert max(len(line) for line in result.output.splitlines() if "│" in line or "┃" in line) <= 80

@@ -171,7 +171,9 @@ def _update_grads(model, batch, spec, pack, microbatches, **kwargs):
 def test_packed_and_padded_updates_give_the_same_gradients(tiny_model, tokenizer, always_pack, algorithm,
                                                            microbatches):
     tok = _groups(tokenizer)
-    spec = dataclasses.replace(PRESETS[algorithm], beta=0.05) if algorithm == "grpo" and microbatches == 2 else PRESETS[algorithm]
+    spec = PRESETS[algorithm]
+    if algorithm == "grpo" and microbatches == 2:  # with a KL term: every row trained, reference log-probs
+        spec = dataclasses.replace(spec, beta=0.05)
     advantages = torch.tensor([1.0, -0.5, -1.0, 0.5, 0.0, 1.5, -0.5, -1.0])
     g = torch.Generator().manual_seed(0)
     noisy = lambda: -2.0 + 0.3 * torch.randn(tok["labels"].shape, generator=g)  # noqa: E731
@@ -221,3 +223,20 @@ def test_the_sft_step_packed_equals_padded(tiny_model, tokenizer, always_pack):
     for name in padded[1]:
         torch.testing.assert_close(packed[1][name], padded[1][name], atol=1e-6, rtol=1e-4)
     assert sum(r * c for r, c in seen) < tok["input_ids"].numel()
+
+
+@pytest.mark.parametrize("microbatch", [3, 8])
+def test_token_slots_count_what_the_update_runs(tiny_model, tokenizer, always_pack, microbatch):
+    from rlvr.algorithms.update import token_slots
+
+    tok = _groups(tokenizer)
+    batch = TrainBatch(tok["input_ids"], tok["labels"], tok["response_mask"], torch.ones(8))
+    slots = token_slots(tiny_model, tok["input_ids"], tok["response_mask"], microbatch)
+    assert slots["microbatches"] == -(-8 // microbatch) and slots["packed"] < slots["padded"]
+    for pack in (False, True):
+        seen = []
+        hook = tiny_model.get_input_embeddings().register_forward_hook(
+            lambda m, i, o: seen.append(i[0].numel()) if torch.is_grad_enabled() else None)
+        _update_grads(tiny_model, batch, PRESETS["grpo"], pack, -(-8 // microbatch))
+        hook.remove()
+        assert sum(seen) == slots["packed" if pack else "padded"]

@@ -294,13 +294,13 @@ def _update_per_microbatch_regions(model, batch, spec, steps):
     backward outside any (the reference the one-region update must equal bit for bit)."""
     from rlvr.algorithms.losses import aggregate_loss_across_microbatch, microbatch_loss_scale, whole_batch_normalizer
     from rlvr.algorithms.spec import policy_loss
-    from rlvr.algorithms.update import _microbatches, _row_widths
+    from rlvr.algorithms.packing import microbatches, row_widths
 
     n, mask_all = len(batch), batch.response_mask
     normalizer = whole_batch_normalizer(spec.loss_normalization, mask_all, spec.normalization_constant)
-    widths = _row_widths(mask_all)
+    widths = row_widths(mask_all)
     model.train()
-    for mb in _microbatches(list(range(n)), batch.input_ids, mask_all, -(-n // steps)):
+    for mb in microbatches(list(range(n)), batch.input_ids, mask_all, -(-n // steps)):
         idx, w = torch.tensor(mb), int(widths[mb].max())
         mask = mask_all[idx, :w]
         with torch.autocast("cpu", dtype=torch.bfloat16):

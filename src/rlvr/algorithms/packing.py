@@ -29,12 +29,30 @@ import dataclasses
 
 import torch
 
-# Relative cost of one attention pair (query x key, forward and backward) in the CPU's masked SDPA, against the
-# FLOP count: measured by bench/train_profile.py --packing (issue 67); the FLOP ratio alone undercounts the softmax,
-# the mask and the kernel's lower matmul efficiency.
-ATTENTION_EFFICIENCY = 3.0
-# Bin lengths tried, as multiples of the longest row (its own prompt + response), up to everything in one bin.
+# What one attention pair (a query and a key, forward and backward) costs in torch's CPU SDPA against what its
+# FLOPs predict next to a layer's matmuls: 1.0-1.5 for SmolLM2's shapes, masked or causal (the causal kernel skips
+# nothing at these lengths: its key blocks are longer than the rows), measured at one thread on a Zen 4 EPYC
+# (issue 67; bench/README.md)
+ATTENTION_EFFICIENCY = 1.3
+# Bin lengths tried, as multiples of the longest row (its own prompt + response), besides multiples of the largest
+# prompt group and everything in one bin.
 _CAPACITIES = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
+
+
+def row_widths(response_mask: torch.Tensor) -> torch.Tensor:
+    """Columns each row needs: up to and including its last response label."""
+    positions = torch.arange(1, response_mask.shape[1] + 1)
+    return (response_mask.long() * positions).max(dim=1).values.clamp(min=1)
+
+
+def microbatches(rows: list[int], input_ids: torch.Tensor, response_mask: torch.Tensor, size: int) -> list[list[int]]:
+    """Rows ordered by prompt, then longest first, cut into chunks of `size`: rows of one group land
+    together (their prompt can run once) and little padding is left after trimming."""
+    starts = response_mask.long().argmax(dim=1)
+    widths = row_widths(response_mask)
+    key = {r: (tuple(input_ids[r, : int(starts[r])].tolist()), -int(widths[r])) for r in rows}
+    ordered = sorted(rows, key=key.__getitem__)
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
 
 @dataclasses.dataclass
@@ -54,7 +72,8 @@ class Packing:
 def attention_weight(model) -> float:
     """One attention pair's cost in units of one token's pass through a layer's weights: forward FLOPs per key of
     one query (QK and AV over every head) over a token's FLOPs through the layer's matmuls, times
-    ATTENTION_EFFICIENCY. About 1e-3 for SmolLM2-135M."""
+    ATTENTION_EFFICIENCY: 4e-4 for SmolLM2-135M (a row of 400 tokens spends about as much on attention as 160 more
+    tokens would on the weights)."""
     config = _config(model)
     hidden = config.hidden_size
     heads = config.num_attention_heads
@@ -66,12 +85,14 @@ def attention_weight(model) -> float:
 
 
 def _first_fit(rows: list[tuple], capacity: int) -> list[list[tuple]]:
-    """Rows (row, prompt key, prompt length, response length) into bins of at most `capacity` tokens, each in the
-    first bin it fits in; a row whose prompt is already in a bin costs only its response there."""
+    """Rows (row, prompt key, prompt length, response length) into bins of at most `capacity` tokens: each in the
+    first bin holding its prompt that it fits in (there it costs only its response), else the first bin it fits in
+    with its prompt, else a new one."""
     bins, sizes, prompts = [], [], []
     for row in rows:
         _, key, q, length = row
-        for i in range(len(bins)):
+        order = sorted(range(len(bins)), key=lambda i: key not in prompts[i])  # bins with its prompt first
+        for i in order:
             need = length + (0 if key in prompts[i] else q)
             if sizes[i] + need <= capacity:
                 break
@@ -113,20 +134,22 @@ def pack_rows(input_ids: torch.Tensor, positions: torch.Tensor, prefix: int, wei
     # a group's rows together (first-fit then keeps their prompt in one bin), longest first
     rows.sort(key=lambda r: (r[1], -r[3]))
     suffix = width - prefix
-    # the padded pass: every row at full width; attention causal (half the pairs) without a prefix, masked with one
-    padded_cost = ids.shape[0] * suffix * (1 + weight * (prefix + (suffix / 2 if prefix == 0 else suffix)))
+    # the padded pass: every row at full width, each query against the prefix and its row
+    padded_cost = ids.shape[0] * suffix * (1 + weight * (prefix + suffix))
     longest = max(q + length for _, _, q, length in rows)
     total = _bin_length(rows)
+    groups = {}
+    for row in rows:
+        groups.setdefault(row[1], []).append(row)
+    group = max(_bin_length(g) for g in groups.values())  # a whole group (its prompt once) in one bin, or k of them
+    capacities = {int(longest * factor) for factor in _CAPACITIES} | {group * k for k in range(1, 5)} | {total}
     best = None
-    for factor in _CAPACITIES:
-        capacity = min(int(longest * factor), total)
+    for capacity in sorted(c for c in capacities if longest <= c <= total):
         bins = _first_fit(rows, capacity)
         length = max(_bin_length(b) for b in bins)
         cost = len(bins) * length * (1 + weight * (prefix + length))
         if best is None or cost < best[0]:
             best = (cost, bins, length)
-        if capacity >= total:
-            break
     cost, bins, length = best
     if cost >= padded_cost:
         return None

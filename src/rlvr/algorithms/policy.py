@@ -160,7 +160,10 @@ def _scored_states(model, parts, input_ids: torch.Tensor, positions: torch.Tenso
     ids = input_ids.to(input_device(model), non_blocking=True)
     if packing is not None and parts is not None and packable(model, ids.shape[1]):
         return _packed_hidden(model, parts[0], ids, packing)
-    states = _decoder_hidden(model, parts[0], ids, offset) if parts is not None else model(input_ids=ids).logits[:, offset:]
+    if parts is not None:
+        states = _decoder_hidden(model, parts[0], ids, offset)
+    else:
+        states = model(input_ids=ids).logits[:, offset:]
     states = states.reshape(-1, states.shape[-1])
     if positions is None:
         return states
@@ -201,6 +204,16 @@ def _shared_prefix_length(input_ids: torch.Tensor, positions: torch.Tensor | Non
     common = int(same.long().cumprod(0).sum())
     first_scored = int(positions.long().argmax(dim=1).min()) if positions.any() else 0
     return min(common, first_scored)
+
+
+def shared_prefix_columns(model, input_ids: torch.Tensor, positions: torch.Tensor | None) -> int:
+    """The columns `get_response_log_probs(share_prefix=True)` runs once, from row 0: those every row shares and
+    nobody scores, when there are at least MIN_SHARED_PREFIX of them, the model has a plain head and its KV cache
+    is on (not under gradient checkpointing); else 0."""
+    if _head_parts(model) is None or _checkpointing(model):
+        return 0
+    offset = _shared_prefix_length(input_ids, positions)
+    return offset if offset >= MIN_SHARED_PREFIX else 0
 
 
 def _decoder_hidden(model, decoder, input_ids: torch.Tensor, offset: int) -> torch.Tensor:
@@ -285,10 +298,7 @@ def get_response_log_probs(
     input_ids, labels = input_ids.to(device, non_blocking=True), labels.to(device, non_blocking=True)
     positions = positions.to(device, non_blocking=True) if positions is not None else None
     parts = _head_parts(model)
-    offset = 0
-    if share_prefix and parts is not None and not _checkpointing(model):
-        offset = _shared_prefix_length(input_ids, positions)
-        offset = offset if offset >= MIN_SHARED_PREFIX else 0
+    offset = shared_prefix_columns(model, input_ids, positions) if share_prefix else 0
     packing = None
     if pack and parts is not None and positions is not None and input_ids.shape[0] > 1 and packable(
             model, input_ids.shape[1]):

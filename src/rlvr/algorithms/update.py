@@ -34,7 +34,8 @@ from rlvr.algorithms.losses import (
     rollout_correction_weights,
     whole_batch_normalizer,
 )
-from rlvr.algorithms.policy import autocast, autocast_paused, get_response_log_probs
+from rlvr.algorithms.packing import attention_weight, microbatches, pack_rows, packable, row_widths
+from rlvr.algorithms.policy import autocast, autocast_paused, get_response_log_probs, shared_prefix_columns
 from rlvr.algorithms.spec import EstimatorSpec, policy_loss
 from rlvr.core.devices import input_device
 
@@ -98,20 +99,28 @@ class TrainBatch:
         return TrainBatch(*(pick(getattr(self, f.name)) for f in dataclasses.fields(self)))
 
 
-def _row_widths(response_mask: torch.Tensor) -> torch.Tensor:
-    """Columns each row needs: up to and including its last response label."""
-    positions = torch.arange(1, response_mask.shape[1] + 1)
-    return (response_mask.long() * positions).max(dim=1).values.clamp(min=1)
-
-
-def _microbatches(rows: list[int], input_ids: torch.Tensor, response_mask: torch.Tensor, size: int) -> list[list[int]]:
-    """Rows ordered by prompt, then longest first, cut into chunks of `size`: rows of one group land
-    together (their prompt can run once) and little padding is left after trimming."""
-    starts = response_mask.long().argmax(dim=1)
-    widths = _row_widths(response_mask)
-    key = {r: (tuple(input_ids[r, : int(starts[r])].tolist()), -int(widths[r])) for r in rows}
-    ordered = sorted(rows, key=key.__getitem__)
-    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+def token_slots(model, input_ids: torch.Tensor, response_mask: torch.Tensor, microbatch_size: int,
+                rows: list[int] | None = None, grouped: bool = True) -> dict:
+    """The token slots the decoder runs for `rows` (default: those with a response token), microbatched as the
+    update does (`grouped`: by prompt and length; else in order, as rlvr sft): padded (each microbatch trimmed to
+    its longest row, its shared prefix once) and packed as `pack=True` lays them out for this model (attention pairs
+    not counted); with the number of microbatches and of packed sequences. What bench/train_profile.py prints."""
+    has_tokens = response_mask.any(dim=1)
+    rows = [r for r in (range(len(input_ids)) if rows is None else rows) if has_tokens[r]]
+    parts = (microbatches(rows, input_ids, response_mask, microbatch_size) if grouped
+             else [rows[i : i + microbatch_size] for i in range(0, len(rows), microbatch_size)])
+    widths = row_widths(response_mask)
+    padded = packed = sequences = 0
+    for part in parts:
+        w = int(widths[part].max())
+        ids, mask = input_ids[part, :w], response_mask[part, :w]
+        prefix = shared_prefix_columns(model, ids, mask)
+        layout = pack_rows(ids, mask, prefix, attention_weight(model)) if len(part) > 1 and packable(model, w) else None
+        padded += prefix + len(part) * (w - prefix)
+        packed += prefix + (layout.input_ids.numel() if layout is not None else len(part) * (w - prefix))
+        sequences += layout.input_ids.shape[0] if layout is not None else len(part)
+    return {"padded": padded, "packed": packed, "packed_share": packed / max(padded, 1), "sequences": sequences,
+            "microbatches": len(parts)}
 
 
 @torch.no_grad()
@@ -127,10 +136,10 @@ def score_log_probs(model, input_ids, labels, response_mask, microbatch_size: in
     rows = list(range(labels.shape[0])) if rows is None else rows
     has_tokens = response_mask.any(dim=1)
     rows = [r for r in rows if has_tokens[r]]  # a row with no response token scores nothing: no forward for it
-    widths = _row_widths(response_mask)
+    widths = row_widths(response_mask)
     was_training = model.training
     model.eval()
-    for mb in _microbatches(rows, input_ids, response_mask, microbatch_size):
+    for mb in microbatches(rows, input_ids, response_mask, microbatch_size):
         idx = torch.tensor(mb)
         w = int(widths[idx].max())
         with autocast(precision, model):
@@ -284,7 +293,7 @@ def policy_gradient_update(
     microbatch_size = math.ceil(n / gradient_accumulation_steps)
     kept_all = trained_rows(batch, spec)
     kept = parallel.shard(kept_all, batch.input_ids, mask_all) if parallel is not None else kept_all
-    widths = _row_widths(mask_all)
+    widths = row_widths(mask_all)
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.grad = None
@@ -298,7 +307,7 @@ def policy_gradient_update(
     # one autocast region for every microbatch: each weight is cast to bf16 once per update, not once per
     # microbatch; the loss and the backward pass run with it paused, at their own precision
     with autocast(precision, model):
-        for mb in _microbatches(kept, batch.input_ids, mask_all, microbatch_size):
+        for mb in microbatches(kept, batch.input_ids, mask_all, microbatch_size):
             idx, w = torch.tensor(mb), int(widths[mb].max())
             mask = mask_all[idx, :w].to(device, non_blocking=True)
             on_device = lambda t: t[idx, :w].to(device, non_blocking=True)  # noqa: E731
@@ -347,11 +356,11 @@ def policy_gradient_update(
                 stats.add(mask, scored["token_entropy"].detach(), meta, kl, corr if weights is not None else None,
                           scored.get("teacher_kl"))
 
-    microbatches = math.ceil(len(kept) / microbatch_size) if kept else 0
+    passes = math.ceil(len(kept) / microbatch_size) if kept else 0
     if parallel is not None:  # every learner reaches this, diverged or not, before any of them gives up
-        summed = stats.reduce(parallel, [float(diverged), float(microbatches), float(total_loss),
+        summed = stats.reduce(parallel, [float(diverged), float(passes), float(total_loss),
                                          float(total_entropy_loss)])
-        diverged, microbatches, total_loss = summed[0] > 0, int(summed[1]), torch.tensor(summed[2], device=device)
+        diverged, passes, total_loss = summed[0] > 0, int(summed[1]), torch.tensor(summed[2], device=device)
         total_entropy_loss = torch.tensor(summed[3], device=device)
     if diverged:
         optimizer.zero_grad(set_to_none=True)
@@ -371,7 +380,7 @@ def policy_gradient_update(
                             "step skipped, gradients cleared")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    meta = stats.metadata(float(grad_norm), len(kept_all), n, microbatches, spec)
+    meta = stats.metadata(float(grad_norm), len(kept_all), n, passes, spec)
     if spec.entropy_coef > 0:  # the bonus's part of `loss` (negative): the share of the loss it is
         meta["entropy_loss"] = float(total_entropy_loss)
     return total_loss, meta
