@@ -4,6 +4,8 @@ made and scored by rlvr's own loop stages, then `policy_gradient_update` on it u
     .venv/bin/python bench/train_profile.py --model runs/sft_arithmetic/final [--precision bf16] [--microbatch 8]
     .venv/bin/python bench/train_profile.py --model runs/demo/sft/final --packing compare --no-profile
     .venv/bin/python bench/train_profile.py --work sft --packing compare --no-profile
+    .venv/bin/python bench/train_profile.py --model SmolLM2-135M-Instruct --responses gsm8k --questions 4 --group 4 \
+        --max-new-tokens 64 --microbatch 16 --precision fp32 --packing compare --no-profile     # grpo_step's training
 
 The batch is what `rlvr train --config configs/grpo_arithmetic.yaml` trains at step 1 (8 questions x 8 samples,
 r1_zero, temperature 1, <= 96 new tokens); every rollout is trained (zero advantages set to 1e-12, which
@@ -35,7 +37,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cores, machine, set_threads  # noqa: E402
+from common import cores, gsm8k_prompts, machine, set_threads  # noqa: E402
 
 BUCKETS = [  # (bucket, predicate on the op name); the first that matches wins
     ("optimizer (fused AdamW)", lambda op: "adam" in op),
@@ -78,10 +80,12 @@ def main() -> None:
     parser.add_argument("--packing", default="on", choices=["on", "off", "compare"],
                         help="on: the update packs its microbatches (rlvr's default); off: padded rows; compare: "
                         "padded and packed alternating in this one process, --repeats each")
-    parser.add_argument("--efficiencies", default="1.3",
+    parser.add_argument("--efficiencies", default="1.5",
                         help="packing.ATTENTION_EFFICIENCY values to compare (comma-separated)")
-    parser.add_argument("--responses", default="rollouts", choices=["rollouts", "sft"],
-                        help="the responses trained: sampled by --model, or other questions' worked solutions")
+    parser.add_argument("--responses", default="rollouts", choices=["rollouts", "sft", "gsm8k"],
+                        help="the responses trained: sampled by --model; other questions' worked solutions; or "
+                        "bench/grpo_step.py's shape: GSM8K test questions with random ids of --max-new-tokens (a "
+                        "fifth of them shorter, as some rollouts end early)")
     parser.add_argument("--work", default="grpo", choices=["grpo", "sft"],
                         help="grpo: policy_gradient_update on the rollout batch; sft: rlvr sft's step (16 worked "
                         "solutions, microbatch --microbatch)")
@@ -128,7 +132,16 @@ def main() -> None:
     optimizer, _ = build_optimizer(model, cfg, 100)
     train = load_split(cfg, "train")
     prompt = get_prompt(cfg.prompt)
-    if args.work == "sft" or args.responses == "sft":
+    if args.responses == "gsm8k" and args.work == "grpo":
+        texts, _ = gsm8k_prompts(args.questions)
+        g = torch.Generator().manual_seed(0)
+        lengths = [args.max_new_tokens if torch.rand(1, generator=g) < 0.8 else
+                   int(torch.randint(args.max_new_tokens // 3, args.max_new_tokens, (1,), generator=g)) for _ in range(n)]
+        ids = [torch.randint(100, len(tokenizer) - 100, (k,), generator=g).tolist() for k in lengths]
+        tok = tokenize_prompt_and_ids([t for t in texts for _ in range(args.group)], ids, tokenizer)
+        batch = TrainBatch(tok["input_ids"], tok["labels"], tok["response_mask"],
+                           torch.tensor([1.0, -1.0]).repeat(n // 2 + 1)[:n])
+    elif args.work == "sft" or args.responses == "sft":
         # worked solutions: question i's own (sft), or group i's G responses from G other questions (grpo)
         texts = [prompt.render(ex, tokenizer) for ex in train[: args.questions]]
         if args.work == "sft":

@@ -240,3 +240,11 @@ def test_token_slots_count_what_the_update_runs(tiny_model, tokenizer, always_pa
         _update_grads(tiny_model, batch, PRESETS["grpo"], pack, -(-8 // microbatch))
         hook.remove()
         assert sum(seen) == slots["packed" if pack else "padded"]
+
+
+def test_score_log_probs_runs_no_forward_for_a_row_without_a_response_token(tiny_model, tokenizer):
+    tok = tokenize_prompt_and_output(["Q: 1?", "Q: 2?", "Q: 3?"], [" one", "", " three"], tokenizer)
+    seen = _packed_shapes(tiny_model)
+    out = score_log_probs(tiny_model, tok["input_ids"], tok["labels"], tok["response_mask"], 1)
+    assert [rows for rows, _ in seen] == [1, 1]  # rows 0 and 2, one microbatch each; row 1 (EOS first) none
+    assert out[1].abs().sum() == 0 and out[0].abs().sum() > 0

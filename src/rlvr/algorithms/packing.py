@@ -30,10 +30,10 @@ import dataclasses
 import torch
 
 # What one attention pair (a query and a key, forward and backward) costs in torch's CPU SDPA against what its
-# FLOPs predict next to a layer's matmuls: 1.0-1.5 for SmolLM2's shapes, masked or causal (the causal kernel skips
-# nothing at these lengths: its key blocks are longer than the rows), measured at one thread on a Zen 4 EPYC
-# (issue 67; bench/README.md)
-ATTENTION_EFFICIENCY = 1.3
+# FLOPs predict next to a layer's matmuls: 1.0-2.0 for SmolLM2's shapes, masked or causal (the causal kernel skips
+# nothing at these lengths: its key blocks are longer than the rows), at one thread on a Zen 4 EPYC, two runs on a
+# busy machine (bench/attention_cost.py, issue 67)
+ATTENTION_EFFICIENCY = 1.5
 # Bin lengths tried, as multiples of the longest row (its own prompt + response), besides multiples of the largest
 # prompt group and everything in one bin.
 _CAPACITIES = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
@@ -72,7 +72,7 @@ class Packing:
 def attention_weight(model) -> float:
     """One attention pair's cost in units of one token's pass through a layer's weights: forward FLOPs per key of
     one query (QK and AV over every head) over a token's FLOPs through the layer's matmuls, times
-    ATTENTION_EFFICIENCY: 4e-4 for SmolLM2-135M (a row of 400 tokens spends about as much on attention as 160 more
+    ATTENTION_EFFICIENCY: 5e-4 for SmolLM2-135M (a row of 400 tokens spends about as much on attention as 200 more
     tokens would on the weights)."""
     config = _config(model)
     hidden = config.hidden_size

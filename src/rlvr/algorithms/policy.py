@@ -12,6 +12,9 @@ With `share_prefix=True` the rows' longest common prefix (a GRPO group's prompt,
 instructions every prompt starts with) runs through the model once; the rest of each row attends to its
 KV cache, and gradients flow back through the cache into the shared prefix. Same values and gradients,
 fewer FLOPs: a group of 8 rollouts of 40 tokens after a 150-token prompt costs 470 token-passes, not 1,520.
+With `pack=True` the rest runs padding-free (rlvr.algorithms.packing): 4 groups of 4 rows of one microbatch, each
+question written once in a packed sequence of its own after the instructions they share, rather than 16 padded rows
+that each repeat their question.
 """
 
 from __future__ import annotations
