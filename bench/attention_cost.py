@@ -57,8 +57,8 @@ def main() -> None:
     repeats = 1 if args.smoke else args.repeats
     g = torch.Generator().manual_seed(0)
     x = torch.randn(tokens, HIDDEN, requires_grad=True, generator=g)
-    weights = [torch.randn(HIDDEN, n, generator=g).mul_(0.02).requires_grad_()
-               for n in (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, HIDDEN, INTERMEDIATE, INTERMEDIATE)]
+    widths = (HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, HIDDEN, INTERMEDIATE, INTERMEDIATE)
+    weights = [torch.randn(HIDDEN, n, generator=g).mul_(0.02).requires_grad_() for n in widths]
     down = torch.randn(INTERMEDIATE, HIDDEN, generator=g).mul_(0.02).requires_grad_()
 
     def layer():
@@ -88,8 +88,9 @@ def main() -> None:
         pair = seconds / (count * queries * (prefix + queries))
         rows.append({"rows": count, "queries": queries, "prefix": prefix, "masked": masked, "seconds": seconds,
                      "ns_per_pair": pair * 1e9, "efficiency": pair / predicted})
-        print(f"rows {count}, queries {queries}, prefix {prefix}, {'mask' if masked else 'causal'}: {seconds * 1e3:.1f} "
-              f"ms, {pair * 1e9:.1f} ns a pair, efficiency {pair / predicted:.2f}", flush=True)
+        kind = "mask" if masked else "causal"
+        print(f"rows {count}, queries {queries}, prefix {prefix}, {kind}: {seconds * 1e3:.1f} ms, "
+              f"{pair * 1e9:.1f} ns a pair, efficiency {pair / predicted:.2f}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine(), "us_per_token": per_token * 1e6, "shapes": rows},
                                               indent=2))

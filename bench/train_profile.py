@@ -135,8 +135,9 @@ def main() -> None:
     if args.responses == "gsm8k" and args.work == "grpo":
         texts, _ = gsm8k_prompts(args.questions)
         g = torch.Generator().manual_seed(0)
-        lengths = [args.max_new_tokens if torch.rand(1, generator=g) < 0.8 else
-                   int(torch.randint(args.max_new_tokens // 3, args.max_new_tokens, (1,), generator=g)) for _ in range(n)]
+        low = args.max_new_tokens // 3
+        short = lambda: int(torch.randint(low, args.max_new_tokens, (1,), generator=g))  # noqa: E731
+        lengths = [args.max_new_tokens if torch.rand(1, generator=g) < 0.8 else short() for _ in range(n)]
         ids = [torch.randint(100, len(tokenizer) - 100, (k,), generator=g).tolist() for k in lengths]
         tok = tokenize_prompt_and_ids([t for t in texts for _ in range(args.group)], ids, tokenizer)
         batch = TrainBatch(tok["input_ids"], tok["labels"], tok["response_mask"],
@@ -176,8 +177,9 @@ def main() -> None:
     slots = {}
     for size in sizes:
         slots[size] = token_slots(model, batch.input_ids, batch.response_mask, size, grouped=args.work == "grpo")
-        print("microbatch {size}: decoder token slots per update (shared prefixes once): padded {padded}, packed "
-              "{packed} ({packed_share:.3f} of padded; {sequences} packed sequences, {microbatches} microbatches)".format(
+        print("microbatch {size}: decoder token slots per update (shared prefixes once): padded {padded}, "
+              "packed {packed} ({packed_share:.3f} of padded; {sequences} packed sequences, {microbatches} "
+              "microbatches)".format(
                   size=size, **slots[size]), flush=True)
 
     def sft_update(pack: bool, microbatch: int):

@@ -140,13 +140,15 @@ def test_the_teachers_exact_kl_is_the_same_packed(tiny_model, tokenizer, always_
     assert padded[0].abs().sum() > 0
 
 
-def test_attention_that_takes_no_custom_mask_is_never_packed(tiny_model):
+def test_attention_that_takes_no_custom_mask_or_a_model_off_the_cpu_is_never_packed(tiny_model):
     assert packing.packable(tiny_model, 100)
     tiny_model.config._attn_implementation = "flash_attention_2"
     assert not packing.packable(tiny_model, 100)
     tiny_model.config._attn_implementation = "sdpa"
     tiny_model.config.sliding_window = 64  # a custom mask would drop the window: only rows inside it are packed
     assert packing.packable(tiny_model, 64) and not packing.packable(tiny_model, 65)
+    tiny_model.config.sliding_window = None
+    assert not packing.packable(tiny_model.to("meta"), 64)  # off the CPU (CUDA: not measured) the rows stay padded
 
 
 def _groups(tokenizer):

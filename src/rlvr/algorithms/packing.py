@@ -15,12 +15,13 @@ A microbatch arrives as (rows, width), right-padded to its longest row. `pack_ro
     padded pass's, to float rounding (tests/test_packing.py).
 
 transformers passes a 4-D mask through unchanged; this works with its SDPA (and rlvr's fp32 variant) and eager
-attention, the CPU's. torch 2.13 has no varlen kernel with a CPU backward (`varlen_attn` needs CUDA's flash
-attention; flex attention refuses backward on the CPU), so the mask is dense and a bin of L tokens pays attention
-over L x (prefix + L) pairs whatever the mask hides. The bin length is therefore chosen by a cost that counts both
-the token slots (the matmuls, norms, activations) and the attention pairs, weighted by `attention_weight`; when
-no packing beats the padded rows by that count (rows of equal length and distinct prompts), `pack_rows` returns None
-and the padded pass runs.
+attention, on the CPU (on CUDA, not measured, the padded rows run as before). torch 2.13 has no varlen kernel with
+a CPU backward (`varlen_attn` needs CUDA's flash attention; flex attention refuses backward on the CPU), and
+transformers' own packing through position ids builds the same dense mask without a way to share a prompt, so the
+mask is dense and a bin of L tokens pays attention over L x (prefix + L) pairs whatever the mask hides. The bin
+length is therefore chosen by a cost that counts both the token slots (the matmuls, norms, activations) and the
+attention pairs, weighted by `attention_weight`; when no packing beats the padded rows by that count (rows of
+equal length and distinct prompts), `pack_rows` returns None and the padded pass runs.
 """
 
 from __future__ import annotations
@@ -201,13 +202,16 @@ def _implementation(model) -> str | None:
 
 
 def packable(model, width: int) -> bool:
-    """Whether the model's attention takes a custom 4-D mask (transformers' SDPA, rlvr's fp32 SDPA, eager; not
-    flash or flex attention) and no sliding window is shorter than the rows (a custom mask replaces the model's
-    own, window included; a row shorter than the window never reaches past it)."""
+    """Whether the model is on the CPU (where the cost model was measured; on CUDA the padded rows keep the flash
+    kernels, which take no custom mask), its attention takes a custom 4-D mask (transformers' SDPA, rlvr's fp32
+    SDPA, eager; not flash or flex attention), and no sliding window is shorter than the rows (a custom mask
+    replaces the model's own, window included; a row shorter than the window never reaches past it)."""
+    from rlvr.core.devices import input_device
     from rlvr.core.models import TRAINING_ATTENTION
 
     window = getattr(_config(model), "sliding_window", None)
-    return _implementation(model) in ("sdpa", "eager", TRAINING_ATTENTION) and not (window and width > window)
+    return (input_device(model).type == "cpu" and _implementation(model) in ("sdpa", "eager", TRAINING_ATTENTION)
+            and not (window and width > window))
 
 
 def attention_mask_for(model, mask: torch.Tensor) -> torch.Tensor:
