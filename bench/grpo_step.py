@@ -19,7 +19,9 @@ Runs per mode:
                           microbatch 16 (one forward/backward, as TRL's per_device_train_batch_size=16;
                           --microbatch changes both),
                           and every rollout trained: zero advantages are replaced by 1e-12 so that
-                          policy_gradient_update prunes nothing (TRL trains zero-advantage rows too)
+                          policy_gradient_update prunes nothing (TRL trains zero-advantage rows too);
+                          the update packs its rows (no FLOP on padding, each group's prompt once:
+                          rlvr.algorithms.packing), which TRL's padded batch does not
                rlvr_prune the same with rlvr's pruning of zero-advantage rollouts on (less work than TRL;
                           with this small model most groups often have no reward spread, and a step that
                           prunes every row also never allocates gradients or AdamW state, so its RSS is low)
@@ -27,6 +29,8 @@ Runs per mode:
   recommended  trl        as above
                rlvr_recommended  rlvr's own CPU defaults: bf16 autocast training, a bf16 generation copy,
                           stop at "</answer>", microbatch 8 (TrainConfig defaults)
+  rlvr_padded (no mode; `--runs trl,rlvr,rlvr_padded`): rlvr with the update's rows padded as TRL's are (each
+  microbatch trimmed to its longest row, only the prompt every row shares run once), to show what packing gives.
   --trl-stop adds trl_stop: TRL with stop_strings=["</answer>"], made possible by patching the model's
   `generate` to receive the tokenizer (TRL does not pass it, and transformers refuses stop strings without
   it); a TRL user would have to do the same. Its rows also carry one padding token after the stop (pad=EOS).
@@ -65,6 +69,8 @@ RUNS = {
     "trl": {"side": "trl", "stop": False},
     "trl_stop": {"side": "trl", "stop": True},
     "rlvr": {"side": "rlvr", "stop": False, "train_all": True, **FP32},
+    # the same with the update's rows padded (pack=False): what packing takes off the step, in the same run
+    "rlvr_padded": {"side": "rlvr", "stop": False, "train_all": True, "pack": False, **FP32},
     "rlvr_prune": {"side": "rlvr", "stop": False, "train_all": False, **FP32},
     "rlvr_stop": {"side": "rlvr", "stop": True, "train_all": False, **FP32},
     "rlvr_recommended": {"side": "rlvr", "stop": True, "train_all": False, "precision": "bf16",
@@ -144,7 +150,8 @@ def rlvr_child(spec: dict, args) -> dict:
         batch = tokenize_prompt_and_output(repeated_prompts, responses, tokenizer)
         _, meta = policy_gradient_update(
             model, optimizer, TrainBatch(batch["input_ids"], batch["labels"], batch["response_mask"], advantages),
-            cfg.estimator, math.ceil(n / cfg.microbatch_size), cfg.max_grad_norm, precision=cfg.precision)
+            cfg.estimator, math.ceil(n / cfg.microbatch_size), cfg.max_grad_norm, precision=cfg.precision,
+            pack=spec.get("pack", True))
         scheduler.step()
         synchronize(args.device)
         t3 = time.perf_counter()
@@ -162,6 +169,7 @@ def rlvr_child(spec: dict, args) -> dict:
         print(f"  [rlvr] step {step}: {steps[-1]['step_s']:.2f} s, {sum(lengths)} tokens", file=sys.stderr, flush=True)
     return {"setup_rss_mb": setup_rss, "steps": steps,
             "settings": {"precision": cfg.precision, "generation_dtype": cfg.generation_dtype,
+                         "pack": spec.get("pack", True),
                          "microbatch_size": cfg.microbatch_size, "stop": spec["stop"],
                          "train_all": spec["train_all"] or args.train_all}}
 

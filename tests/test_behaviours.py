@@ -436,6 +436,86 @@ def test_a_gguf_file_is_converted_once_into_the_cache_and_then_reused(tmp_path, 
     assert changed != target and conversions == [source, source]
 
 
+def test_a_copy_of_a_gguf_file_elsewhere_reuses_its_conversion_and_is_hashed_once(tmp_path, tiny_model, tokenizer,
+                                                                                monkeypatch):
+    """A fresh clone installs the same GGUF under another path: the conversion is keyed by content, and the
+    content hashed once per (path, size, mtime)."""
+    import hashlib
+    import shutil
+
+    pytest.importorskip("gguf")
+    monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
+    conversions, hashed = [], []
+    real, real_digest = models_module._convert_gguf, hashlib.file_digest
+    monkeypatch.setattr(models_module, "_convert_gguf", lambda g, t: conversions.append(g) or real(g, t))
+    monkeypatch.setattr(hashlib, "file_digest", lambda f, d: hashed.append(f.name) or real_digest(f, d))
+    first = tmp_path / "clone1" / ".venv" / "model.gguf"
+    first.parent.mkdir(parents=True)
+    _write_llama_gguf(first, tiny_model, tokenizer)
+    second = tmp_path / "clone2" / ".venv" / "model.gguf"
+    second.parent.mkdir(parents=True)
+    shutil.copy(first, second)  # a new mtime and inode, the same bytes
+    target = models_module.resolve_model_path(str(first))
+    assert models_module.resolve_model_path(str(second)) == target
+    assert conversions == [first]  # converted once for both paths
+    assert models_module.resolve_model_path(str(first)) == models_module.resolve_model_path(str(second)) == target
+    assert hashed == [str(first.resolve()), str(second.resolve())]  # each path hashed once, then looked up
+
+
+def test_a_conversion_keyed_by_path_is_renamed_to_its_content_key(tmp_path, tiny_model, tokenizer, monkeypatch):
+    import hashlib
+
+    pytest.importorskip("gguf")
+    monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
+    source = tmp_path / "model.gguf"
+    _write_llama_gguf(source, tiny_model, tokenizer)
+    stat = source.resolve().stat()
+    old_key = hashlib.blake2b(f"{source.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode(),
+                              digest_size=4).hexdigest()
+    legacy = tmp_path / "cache" / "models" / f"model-{old_key}"
+    tiny_model.save_pretrained(legacy)
+    monkeypatch.setattr(models_module, "_convert_gguf", lambda g, t: pytest.fail("converted again"))
+    target = Path(models_module.resolve_model_path(str(source)))
+    assert (target / "config.json").is_file() and not legacy.exists()
+    assert target.name == f"model-{models_module.content_digest(source)[:16]}"
+
+
+@pytest.mark.parametrize("where", ["while writing", "before writing"])
+def test_a_full_disk_during_the_conversion_says_so_and_leaves_nothing(tmp_path, tiny_model, tokenizer, monkeypatch,
+                                                                      where):
+    import errno
+    import shutil
+
+    from typer.testing import CliRunner
+    from transformers import PreTrainedModel
+
+    from rlvr.cli import app
+
+    pytest.importorskip("gguf")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("RLVR_CACHE", str(cache))
+    source = tmp_path / "model.gguf"
+    _write_llama_gguf(source, tiny_model, tokenizer)
+    if where == "while writing":  # what safetensors raises when a write fails with ENOSPC (not an OSError)
+        def full(self, path, **kwargs):
+            (Path(path) / "model.safetensors").write_bytes(b"partial")
+            raise RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No '
+                               'space left on device" })')
+
+        monkeypatch.setattr(PreTrainedModel, "save_pretrained", full)
+    else:
+        usage = shutil.disk_usage(tmp_path)
+        monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=1000))
+    with pytest.raises(OSError, match="No space left on device for the converted model") as caught:
+        models_module.resolve_model_path(str(source))
+    assert caught.value.errno == errno.ENOSPC and "RLVR_CACHE" in str(caught.value)
+    assert list((cache / "models").iterdir()) == []  # no partial conversion left behind
+    result = CliRunner().invoke(app, ["eval", f"model={source}", "dataset=arithmetic", "limit=1",
+                                      f"out={tmp_path / 'eval'}"])
+    assert result.exit_code == 2
+    assert "no space left on device" in result.output.lower() and "bug in rlvr" not in result.output
+
+
 def test_load_tokenizer_gives_a_tokenizer_without_pad_token_its_eos(tmp_path, tiny_model, tokenizer):
     from transformers import PreTrainedTokenizerFast
 

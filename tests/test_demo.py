@@ -17,6 +17,9 @@ def test_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
     result = CliRunner().invoke(app, args, env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     assert re.findall(r"stage (\d) of 6: ", result.output) == [str(k) for k in range(1, 7)]
+    # the first stage says why the rest exists as soon as it has run, before stage 2 starts
+    first = " ".join(result.output[result.output.index("stage 1 of 6"):result.output.index("stage 2 of 6")].split())
+    assert "why the rest exists: prompted alone, the untrained model wrote the <answer> format" in first
     # the terminal's tables read whole in 80 columns; the figure is written and named in the last line
     assert max(len(line) for line in result.output.splitlines() if "│" in line or "┃" in line) <= 80
     assert "…" not in result.output
@@ -47,6 +50,19 @@ def test_demo_runs_every_stage_and_resumes(tmp_path, model_dir):
     assert json.loads((out / "timings.json").read_text()) == timings  # and keep the times they took
     assert "reused from an earlier run: prompting baseline, baseline eval, sft, sft eval, grpo, grpo eval" in again.output
     assert "| sft (reused) |" in (out / "results.md").read_text()
+
+
+def test_why_the_rest_exists_names_the_counts_and_the_stages():
+    from rlvr.config import DemoConfig
+    from rlvr.experiments.demo import _why
+
+    summary = {"n": 10, "format_rate": 0.2, "categories": {"format1_answer1": 1}}
+    names = ["prompting baseline", "baseline eval", "sft", "sft eval", "grpo", "grpo eval"]
+    text = " ".join(_why(summary, DemoConfig(), names).split())
+    assert "format the grader reads in 2 of 10 answers (1 right; greedy, at most" in text
+    assert "SFT (stage 3) teaches the format" in text and "GRPO (stage 5) rewards right answers" in text
+    assert "both on arithmetic, where stage 2 shows the same start." in text
+    assert max(len(line) for line in _why(summary, DemoConfig(), names).splitlines()) <= 80
 
 
 def test_a_demo_directory_of_other_settings_is_refused_not_reused(tmp_path, model_dir):

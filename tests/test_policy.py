@@ -60,6 +60,20 @@ def test_head_never_sees_more_than_one_chunk(tiny_model, tokenizer):
     assert seen and max(seen) <= 16 and sum(seen) == batch["input_ids"].numel()
 
 
+def test_one_chunk_of_logits_is_kept_for_backward_and_more_are_recomputed(tiny_model, tokenizer):
+    calls = []
+    tiny_model.get_output_embeddings().register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+    batch = tokenize_prompt_and_output(["x" * 20] * 3, ["y" * 10] * 3, tokenizer)
+    scored = int(batch["response_mask"].sum())  # 30 positions
+    for chunk_elements, expected in ((1 << 25, [scored]), (258 * 16, [16, 14, 14, 16])):
+        calls.clear()
+        out = get_response_log_probs(tiny_model, batch["input_ids"], batch["labels"], positions=batch["response_mask"],
+                                     chunk_elements=chunk_elements)
+        out["log_probs"].sum().backward()
+        # one chunk: its head matmul once; two chunks: each again in the backward pass (checkpointed), last first
+        assert calls == expected, chunk_elements
+
+
 def test_positions_score_only_the_response(tiny_model, tokenizer):
     batch = tokenize_prompt_and_output(["prompt one", "p2"], [" out", " longer output"], tokenizer)
     full = get_response_log_probs(tiny_model, batch["input_ids"], batch["labels"], return_token_entropy=True)
@@ -280,18 +294,18 @@ def _update_per_microbatch_regions(model, batch, spec, steps):
     backward outside any (the reference the one-region update must equal bit for bit)."""
     from rlvr.algorithms.losses import aggregate_loss_across_microbatch, microbatch_loss_scale, whole_batch_normalizer
     from rlvr.algorithms.spec import policy_loss
-    from rlvr.algorithms.update import _microbatches, _row_widths
+    from rlvr.algorithms.packing import microbatches, row_widths
 
     n, mask_all = len(batch), batch.response_mask
     normalizer = whole_batch_normalizer(spec.loss_normalization, mask_all, spec.normalization_constant)
-    widths = _row_widths(mask_all)
+    widths = row_widths(mask_all)
     model.train()
-    for mb in _microbatches(list(range(n)), batch.input_ids, mask_all, -(-n // steps)):
+    for mb in microbatches(list(range(n)), batch.input_ids, mask_all, -(-n // steps)):
         idx, w = torch.tensor(mb), int(widths[mb].max())
         mask = mask_all[idx, :w]
         with torch.autocast("cpu", dtype=torch.bfloat16):
             lp = get_response_log_probs(model, batch.input_ids[idx, :w], batch.labels[idx, :w], True,
-                                        positions=mask, share_prefix=True)["log_probs"]
+                                        positions=mask, share_prefix=True, pack=True)["log_probs"]
         per_token, _ = policy_loss(spec, batch.advantages[idx], lp, lp.detach(), mask)
         loss = aggregate_loss_across_microbatch(per_token, mask, spec.loss_normalization, normalizer)
         (loss * microbatch_loss_scale(spec.loss_normalization, len(mb), n)).backward()

