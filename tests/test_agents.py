@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import time
+from pathlib import Path
 
 import openai
 import pytest
@@ -202,3 +203,57 @@ def test_an_agent_that_misbehaves_costs_its_episode_not_the_run(monkeypatch, cap
     # each reason logged once, though 20 episodes failed over the two batches
     reasons = [r.getMessage() for r in caplog.records if "an agent's episode failed" in r.getMessage()]
     assert len(reasons) == 5 and took < 30
+
+
+async def coin_agent(client, row, sampling):
+    """One chat; the reward is the seed's parity (groups with spread, whatever the tiny model writes)."""
+    await client.chat.completions.create(messages=row["prompt"], **sampling)
+    return float(sampling["seed"] % 2)
+
+
+def test_agents_run_with_dynamic_sampling_the_curriculum_validation_and_eval(tmp_path):
+    import rlvr
+    from rlvr.config import EvalConfig, load_config
+    from rlvr.stages.evaluation import run_eval
+
+    tokenizer = chat_tokenizer()
+    chat_model(tokenizer).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    run = rlvr.train(train_cfg(tmp_path / "tiny", tmp_path / "run", steps=2, dynamic_sampling=True,
+                               curriculum={"enabled": True, "first_pass": 2}, prompt="chat",
+                               rollout_correction={"mode": "token_mask"}).model_dump(exclude_unset=True),
+                     agent=coin_agent)
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "train/reward" in m]
+    assert len(steps) == 2 and all(m["train/dynamic_kept_groups"] == 2 for m in steps)
+    assert all(m["agent/calls"] == 1 and m["agent/failed"] == 0 for m in steps)
+    first = metrics[0]  # the curriculum's first pass judged the two questions by their episodes
+    assert first["curriculum/easy"] + first["curriculum/hard"] + first["curriculum/signal"] == 2
+    assert "val/agent/calls" in json.dumps(metrics)
+    assert all("train/is_masked_fraction" in m for m in steps)
+    (tmp_path / "agent.py").write_text("async def run(client, row, sampling):\n"
+                                       "    await client.chat.completions.create(messages=row['prompt'], **sampling)\n"
+                                       "    return 1.0\n")
+    summary = run_eval(load_config(EvalConfig, overrides=dict(
+        model=str(run / "final"), dataset="arithmetic:steps=1,max=9", prompt="chat", split="test", limit=3,
+        max_new_tokens=4, agent=f"{tmp_path / 'agent.py'}:run", out=str(tmp_path / "eval"))))
+    assert summary["accuracy"] == 1.0 and summary["env"]["agent/calls"] == 1.0
+    records = [json.loads(line) for line in (tmp_path / "eval" / "results.jsonl").read_text().splitlines()]
+    assert [r["calls"] for r in records] == [1, 1, 1] and all(r["failure"] == "" for r in records)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"distributed": {"rollout_workers": 1}}, "Ray roles"),
+    ({"distill": 0.5, "teacher": "x"}, "teacher would score"),
+    ({"env": "gsm8k_calculator"}, "env= is a text-level environment"),
+    ({"env_class": "calculator"}, "an episode is run by one of them"),
+    ({"agent": "tests/test_agents.py:build_sequences"}, "not an async function"),
+    ({"agent": "tests/test_agents.py:nothing"}, "has no attribute 'nothing'"),
+    ({"agents": {"tool_parser": "nope"}}, "not hermes, none"),
+])
+def test_what_agents_cannot_run_with_is_refused_naming_the_option(overrides, message, tmp_path, monkeypatch):
+    from rlvr.config import ConfigError, TrainConfig, load_config
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    with pytest.raises(ConfigError, match=message):
+        load_config(TrainConfig, overrides={"agent": "tests/test_agents.py:coin_agent", **overrides})

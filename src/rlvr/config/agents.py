@@ -16,7 +16,9 @@ class AgentLimits(BaseConfig):
     """`agents.*`: what one episode of `agent=` or `env_class=` may do. Past a bound the episode fails (scored
     `failed_reward`, counted in agent/failed_*, the reason logged once); the run goes on."""
 
-    timeout_s: float = Field(120.0, gt=0, description="wall seconds one episode may take, its calls included")
+    timeout_s: float = Field(600.0, gt=0, description="wall seconds one episode may take, its calls included and "
+                             "their wait for the server's batch (every episode of a batch starts at once: on a CPU, "
+                             "a batch of long prompts can take minutes)")
     max_calls: int = Field(16, ge=1, description="model calls one episode may make (the next is refused, 403)")
     max_tokens: int | None = Field(None, ge=1, description="ids one episode may sample over all its calls, counted "
                                    "as each call's max_tokens x n when it is admitted (None: max_calls x "

@@ -31,9 +31,10 @@ import json
 from typing import Callable
 
 from rlvr.core.imports import import_target
+from rlvr.environments.verifiers_env import VERIFIERS, VerifiersTaskset
 
-# classes handed over in Python (rlvr.train(env_class=Cls)), by key "python:<name>"
-ENV_CLASSES: dict[str, type] = {}
+# classes handed over in Python (rlvr.train(env_class=Cls)), by key "python:<name>"; verifiers' tasksets by name
+ENV_CLASSES: dict[str, object] = {}
 PYTHON = "python:"
 HOOKS = ("reset", "get_reward")
 
@@ -45,11 +46,16 @@ def register_env_class(cls: type) -> str:
     return key
 
 
-def load_env_class(name: str) -> type:
+def load_env_class(name: str):
     """The class `env_class=name` names: a built-in (calculator, python), registered, or file.py:Class /
-    package.module:Class; checked (a `reset`, tools whose schemas build)."""
+    package.module:Class; checked (a `reset`, tools whose schemas build). `verifiers:<taskset id>`: verifiers' v1
+    taskset, an episode runner (rlvr.environments.verifiers_env), loaded once per process."""
     from rlvr.environments.chat_tools import CHAT_TOOLS
 
+    if name.startswith(VERIFIERS):
+        if name not in ENV_CLASSES:
+            ENV_CLASSES[name] = VerifiersTaskset(name[len(VERIFIERS):])
+        return ENV_CLASSES[name]
     if name in CHAT_TOOLS:
         return CHAT_TOOLS[name]
     if name in ENV_CLASSES:

@@ -122,6 +122,7 @@ class AgentRollouts:
         self.env_class = load_env_class(env_class) if env_class is not None else None
         self.lock = threading.Lock()
         self.episodes: dict[str, _Episode] = {}
+        self.tokenizer_dir: str | None = None  # the tokenizer saved, for a library that renders prompts itself
 
     @classmethod
     def from_config(cls, cfg) -> AgentRollouts:
@@ -174,6 +175,8 @@ class AgentRollouts:
         client = openai.AsyncOpenAI(base_url=base_url, api_key="rlvr", max_retries=0,
                                     timeout=self.limits.timeout_s + GRACE_S)
         try:
+            if hasattr(self.env_class, "play"):  # an episode runner of another library's (verifiers)
+                return await self.env_class.play(client, ep.row, ep.sampling, self.tokenizer_dir)
             if self.env_class is not None:
                 return await run_tools(self.env_class, client, ep.row, ep.sampling, self.limits.max_turns)
             return await self.agent(client, ep.row, ep.sampling)
@@ -207,6 +210,16 @@ class AgentRollouts:
         """len(questions) * sampling.n episodes, prompt-major (an episode's `n` is its group's index)."""
         from rlvr.serve import start_server
 
+        # a line per call at INFO otherwise (openai 3 talks through httpx2): the run's log, not the agents' traffic
+        for name in ("httpx", "httpx2", "openai"):
+            if logging.getLogger(name).level == logging.NOTSET:
+                logging.getLogger(name).setLevel(logging.WARNING)
+        if hasattr(self.env_class, "play") and self.tokenizer_dir is None:
+            import tempfile
+
+            self._saved = tempfile.TemporaryDirectory(prefix="rlvr-tokenizer-")
+            tokenizer.save_pretrained(self._saved.name)
+            self.tokenizer_dir = self._saved.name
         batch = secrets.token_hex(4)
         rows = [episode_row(self.template, q) for q in questions]
         episodes = [_Episode(f"{batch}-{q}-{s}", q, s, rows[q], questions[q].id or f"question {q}",
@@ -278,7 +291,9 @@ class AgentRollouts:
         chats = [r for r in records if r.endpoint == "chat.completions"]
         last = records[-1].samples[0] if records else None
         result = ep.result
+        # rlvr ran the tools of an env_class's episodes: it knows which calls failed (agent = 2)
         env, messages, reward, tool_calls, tool_errors = None, None, result, 0, 0
+        kind = 2 if self.env_class is not None else 1
         if isinstance(result, ToolEpisode):
             env, messages, reward = result.environment, result.messages, result.reward
             tool_calls, tool_errors = result.tool_calls, result.tool_errors
@@ -296,7 +311,7 @@ class AgentRollouts:
                       "answer_reward": math.nan if failed is None else failed, "format_reward": math.nan}
         truncated = bool(failure) or (last is not None and last.finish_reason in ("length", "abort"))
         observed = sum(not m for s in sequences for m in s.mask)
-        episode = {"agent": 1, "id": ep.id, "turns": len(turns), "calls": ep.calls, "sequences": len(sequences),
+        episode = {"agent": kind, "id": ep.id, "turns": len(turns), "calls": ep.calls, "sequences": len(sequences),
                    "tool_calls": tool_calls, "tool_errors": tool_errors, "observation_tokens": observed,
                    "end": failure or "answer", "failure": failure, "turn_rewards": [], "reward": reward,
                    "error": ep.failure[1] if ep.failure else "", "tool_seconds": 0.0}
@@ -346,13 +361,12 @@ def _reply(sample) -> dict:
 
 
 def _after_prompt(messages: list[dict] | None) -> list[dict] | None:
-    """The conversation after its opening system and user turns: what TRL's reward functions get as a
-    conversational completion."""
+    """The conversation after its last user turn (worked examples and earlier exchanges are the prompt's): what
+    TRL's reward functions get as a conversational completion, the replies, tool calls and results."""
     if messages is None:
         return None
-    start = next((i for i, m in enumerate(messages) if m.get("role") not in ("system", "user", "developer")),
-                 len(messages))
-    return [dict(m) for m in messages[start:]]
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    return [dict(m) for m in messages[users[-1] + 1 if users else 0:]]
 
 
 def rollout_source(cfg):

@@ -107,19 +107,22 @@ def sequence_batch(completions: list[AgentCompletion], pad_id: int):
 
 
 def agent_stats(episodes: list[dict]) -> dict[str, float]:
-    """A step's agent/* metrics from agent episodes' records (Completion.episode): calls, sequences and turns
-    merged into one, sampled ids, and failures by reason (fractions of the episodes), tool-call success."""
+    """A step's agent/* metrics from agent episodes' records (Completion.episode): calls and sequences per
+    episode, tool calls the server parsed, failures by reason (fractions of the episodes), and where rlvr ran the
+    tools (env_class=: agent = 2) the share of calls that ran without error and of episodes with one that did."""
     agents = [e for e in episodes if e.get("agent")]
     if not agents:
         return {}
     k = len(agents)
-    calls = sum(e["tool_calls"] for e in agents)
-    good = [e["tool_calls"] - e["tool_errors"] for e in agents]
     m = {"agent/calls": sum(e["calls"] for e in agents) / k,
          "agent/sequences": sum(e["sequences"] for e in agents) / k,
-         "agent/failed": sum(bool(e["failure"]) for e in agents) / k,
-         "agent/tool_call_success": (calls - sum(e["tool_errors"] for e in agents)) / calls if calls else 0.0,
-         "agent/episodes_with_tool_success": sum(g > 0 for g in good) / k}
+         "agent/tool_calls": sum(e["tool_calls"] for e in agents) / k,
+         "agent/failed": sum(bool(e["failure"]) for e in agents) / k}
     for kind in ("timeout", "error", "budget", "refused"):
         m[f"agent/failed_{kind}"] = sum(e["failure"] == kind for e in agents) / k
+    ran = [e for e in agents if e["agent"] == 2]
+    if ran:
+        calls = sum(e["tool_calls"] for e in ran)
+        m["agent/tool_call_success"] = (calls - sum(e["tool_errors"] for e in ran)) / calls if calls else 0.0
+        m["agent/episodes_with_tool_success"] = sum(e["tool_calls"] > e["tool_errors"] for e in ran) / len(ran)
     return m
