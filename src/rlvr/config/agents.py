@@ -50,7 +50,8 @@ class AgentFields(BaseConfig):
     agent: str | None = Field(None, description="an async function of yours that runs one episode: "
                               "path/to/agent.py:run_episode or package.module:fn; it gets an openai.AsyncOpenAI "
                               "client pointed at the policy, the row and the sampling settings, and returns its "
-                              "reward or None (then rewards= score the episode's messages); docs/agents.md")
+                              "reward or None (then the run's reward functions score the episode's messages); "
+                              "docs/agents.md")
     env_class: str | None = Field(None, description="a TRL-style environment class (reset(**row), public methods "
                                   "as tools): path/to/env.py:Class, package.module:Class, or a built-in: "
                                   "calculator, python; rlvr runs the tool loop through its server")

@@ -283,7 +283,7 @@ class AgentRollouts:
     # -- the rollout ------------------------------------------------------------------------------------
 
     def _completion(self, ep: _Episode) -> AgentCompletion:
-        records = sorted(ep.records, key=lambda r: r.created)
+        records = list(ep.records)  # as the calls finished: a call that continues another is made after it finished
         turns = [(r.prompt_ids, s.token_ids, s.logprobs) for r in records for s in r.samples]
         sequences = build_sequences(turns)
         sampled = [t for _, ids, _ in turns for t in ids]

@@ -2,7 +2,8 @@
 
 Every call an episode made is recorded by the server (rlvr.serve.records.CallRecord): the prompt ids the engine
 was given, and per choice the ids it sampled with their sampling log-probs. A turn is one choice of one call. The
-turns, in the order their calls were queued, become sequences:
+turns, in the order their calls finished (a call that continues another is made after that one finished), become
+sequences:
 
     a turn whose prompt starts with a sequence's ids (its first prompt, then everything after) extends it: the
     prompt's new ids (the template's text between turns, tool results, the next user turn) are appended with
@@ -50,7 +51,8 @@ class Sequence:
 
 
 def build_sequences(turns) -> list[Sequence]:
-    """Sequences from (prompt ids, sampled ids, sampling log-probs) turns in call order (see the module)."""
+    """Sequences from (prompt ids, sampled ids, sampling log-probs) turns in the order their calls finished (see
+    the module)."""
     sequences: list[Sequence] = []
     for prompt, sampled, logprobs in turns:
         if not sampled:  # a call cut before its first id (aborted) sampled nothing to train
