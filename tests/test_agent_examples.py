@@ -106,3 +106,15 @@ def test_an_example_config_trains_a_step(config, tmp_path, monkeypatch):
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["agent/failed"] == 0 and metrics[-1]["val/agent/failed"] == 0
     assert metrics[-1]["agent/calls"] >= 1 and (run / "final").is_dir()
+
+
+def test_check_task_of_an_agent_config_checks_its_rows_not_its_rewards(monkeypatch):
+    from typer.testing import CliRunner
+
+    from rlvr.cli import app
+
+    monkeypatch.chdir(ROOT)
+    result = CliRunner().invoke(app, ["check-task", "--config", "examples/agents/shop.yaml"])
+    assert result.exit_code == 0, result.output
+    assert "rows: train 240, validation 30, test 30" in result.output
+    assert "rewards not checked: an agent's episodes are scored on their conversations" in result.output
