@@ -167,6 +167,8 @@ def test_generate_is_token_in_token_out(served):
         got = torch.tensor([t["logprob"] for t in choice["logprobs"]["content"]])
         torch.testing.assert_close(got, _scored(model, [40, 41, 42, 43], choice["token_ids"]), atol=2e-5, rtol=0)
         assert choice["finish_reason"] in ("stop", "length")
+        # each token named by its id, as vLLM's route names it (what verifiers' renderers check)
+        assert [t["token"] for t in choice["logprobs"]["content"]] == [f"token_id:{i}" for i in choice["token_ids"]]
 
 
 def test_tokenize_and_detokenize_agree_with_the_chat_prompt(served):

@@ -154,7 +154,7 @@ def check_task_command(ctx: typer.Context, config: Path = ConfigOption,
         task = load_task(cfg)
         tokenizer = load_tokenizer(cfg.model)
         report = check_task(task, tokenizer=tokenizer, n=rows, context=model_context(cfg.model),
-                            max_new_tokens=max(cfg.max_new_tokens, cfg.eval_max_new_tokens))
+                            max_new_tokens=max(cfg.max_new_tokens, cfg.eval_max_new_tokens), score=not cfg.agentic)
     except ValueError as err:
         if _debug():
             raise
@@ -168,8 +168,11 @@ def check_task_command(ctx: typer.Context, config: Path = ConfigOption,
     if report.prompt_tokens:
         typer.echo(f"prompt tokens: mean {report.prompt_tokens['mean']:.0f}, max {report.prompt_tokens['max']}")
     low, high = report.reward_range
-    typer.echo(f"reward over {len(report.reference)} reference and {len(report.empty)} empty completions: "
-               f"min {low:g}, max {high:g}")
+    if cfg.agentic:  # nothing scored: say why rather than a range of nothing
+        typer.echo("rewards not checked: an agent's episodes are scored on their conversations (docs/agents.md)")
+    else:
+        typer.echo(f"reward over {len(report.reference)} reference and {len(report.empty)} empty completions: "
+                   f"min {low:g}, max {high:g}")
     if report.reference:
         mean = sum(float(s["reward"]) for s in report.reference) / len(report.reference)
         typer.echo(f"reference answers: mean reward {mean:g}")

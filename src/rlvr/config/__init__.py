@@ -11,6 +11,7 @@ validate names and choices; lazily, so configs stay cheap to import).
 
 from __future__ import annotations
 
+from rlvr.config.agents import AgentFields, AgentLimits
 from rlvr.config.base import (
     NONE_IS_A_CHOICE,
     RESUME_FREE,
@@ -43,7 +44,7 @@ from rlvr.config.sections import (
 )
 
 __all__ = [
-    "AsyncConfig", "BaseConfig", "CODE_PROMPTS", "ConfigError", "CurriculumConfig", "DEVICE_HELP", "DPOConfig",
+    "AgentFields", "AgentLimits", "AsyncConfig", "BaseConfig", "CODE_PROMPTS", "ConfigError", "CurriculumConfig", "DEVICE_HELP", "DPOConfig",
     "DataFields",
     "DemoConfig", "DistributedConfig", "Dtype", "EngineDtype", "EvalConfig", "NONE_IS_A_CHOICE", "PlacementConfig",
     "RESUME_FREE",

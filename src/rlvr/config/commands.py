@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from rlvr.config.agents import AgentFields
 from rlvr.config.base import BaseConfig, SamplingMismatchWarning
 from rlvr.config.sections import (
     DEVICE_HELP,
@@ -28,7 +29,7 @@ from rlvr.config.sections import (
 from rlvr.engines.base import SamplingParams  # torch-free: configs stay cheap to import
 
 
-class EvalConfig(DataFields):
+class EvalConfig(DataFields, AgentFields):
     split: Literal["train", "validation", "test", "all"] = Field(
         "test", description="a dataset's own split, or one held out of a file (a seeded tenth each for validation "
         "and test, never trained on); all: every row (a test file of your own)")
@@ -82,7 +83,7 @@ class SFTConfig(TrainingFields):
         return self
 
 
-class TrainConfig(TrainingFields):
+class TrainConfig(TrainingFields, AgentFields):
     """`rlvr train`: the RL loop of seed 004 Algorithm 1 with any estimator of the preset table."""
 
     out: str = "runs/grpo"
@@ -263,6 +264,8 @@ class TrainConfig(TrainingFields):
         if self.distributed.enabled and self.distill:
             raise ValueError("on-policy distillation (distill > 0) runs in the local loop only; set "
                              "distributed.rollout_workers=0 distributed.learners=1")
+        if self.agentic:
+            self._check_agent_run()
         altered = [f"{name}={getattr(self, name)}" for name, neutral in
                    (("top_p", 1.0), ("repetition_penalty", 1.0), ("min_new_tokens", 0)) if getattr(self, name) != neutral]
         if altered:
@@ -271,6 +274,18 @@ class TrainConfig(TrainingFields):
                           "gradient and importance ratios are scored under (softmax(logits / temperature))",
                           SamplingMismatchWarning, stacklevel=2)
         return self
+
+    def _check_agent_run(self) -> None:
+        """What runs with agent= / env_class=, and what is refused naming the option (docs/agents.md)."""
+        what = self._agent_field()
+        if self.distributed.enabled:
+            raise ValueError(f"{what}: agents run beside the local loop's rollout engine (its server is started in "
+                             "this process); Ray roles (distributed.rollout_workers, distributed.learners, and so "
+                             "async.max_staleness) are not supported for them yet: set distributed.rollout_workers=0 "
+                             "distributed.learners=1")
+        if self.distill:
+            raise ValueError(f"{what} with distill > 0: the teacher would score the template's and the tools' "
+                             "ids between turns; on-policy distillation runs single-turn only")
 
     @property
     def train_batch_size(self) -> int:

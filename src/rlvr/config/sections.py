@@ -136,6 +136,11 @@ class DataFields(TaskFields):
 
             if environment_factory(env).runs_programs:
                 return True
+        if getattr(self, "env_class", None) is not None:  # env_class=python: its tool runs programs
+            from rlvr.environments.tool_loop import load_env_class
+
+            if getattr(load_env_class(self.env_class), "runs_programs", False):
+                return True
         return self.prompt in CODE_PROMPTS or any(str(name).startswith("code_tests") for name in rewards)
 
     @model_validator(mode="before")

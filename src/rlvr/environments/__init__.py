@@ -5,8 +5,13 @@
     calculator  the GSM8K paper's calculator: `<<expr=` is answered with `result>>` (a safe evaluator)
     python_tool a fenced Python block is run in the sandbox and what it printed comes back
     code_feedback  the code task with retries: a failing program's first failing test comes back
+    agents      a user's agent (`agent=`): an async function given an OpenAI client, the row and the sampling
+    tool_loop   TRL's environment shape (`env_class=`): reset(**row), tools with schemas from hints, the tool loop
+    chat_tools  rlvr's calculator and Python tool as chat tools (`env_class=calculator`, `env_class=python`)
+    verifiers_env  verifiers' v1 tasksets (`env_class=verifiers:<id>`, the verifiers extra)
 
-The episodes themselves (batched decoding, the token ids the learner trains on) are rlvr.stages.episodes.
+The episodes themselves (batched decoding, the token ids the learner trains on) are rlvr.stages.episodes, and
+rlvr.stages.agents for agents and env_class= (through rlvr's server).
 
 May import: rlvr.core, rlvr.sandbox, rlvr.grading, rlvr.tasks.
 """

@@ -168,15 +168,18 @@ class Call:
                 pass
 
         work, watch = asyncio.ensure_future(drain()), asyncio.ensure_future(gone())
+        abandoned = False
         try:
             await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             watch.cancel()
             if not work.done():
+                abandoned = True
                 work.cancel()
                 self.cancel()
                 self.record(aborted=True)
-        if work.cancelled():
+        # (a task asked to cancel is not yet `cancelled()`: its result is not set, and asking for it would raise)
+        if abandoned or work.cancelled():
             raise ClientGone()
         work.result()
 

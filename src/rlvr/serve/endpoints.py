@@ -245,8 +245,9 @@ async def generate(state, body: GenerateRequest, request, episode: str | None):
                 body.model_dump(exclude_none=True), top, params.stop_token_ids, params.ignore_eos)
     call.admit()
     await call.wait(request)
+    # tokens named "token_id:<id>", as vLLM's route names them (verifiers' renderers check that each one is its id)
     choices = [{"index": c.index, "token_ids": c.token_ids, "finish_reason": c.finish_reason,
-                "logprobs": chat_logprobs(state.tokenizer, c, 0, len(c.token_ids), top, False)
+                "logprobs": chat_logprobs(state.tokenizer, c, 0, len(c.token_ids), top, True)
                 if params.logprobs is not None else None} for c in call.choices]
     call.record()
     return JSONResponse({"request_id": body.request_id or call.id, "choices": choices, "prompt_logprobs": None})

@@ -9,11 +9,13 @@ loops call them as `stages.<name>` from this one module.
     evaluation  evaluating an engine on examples, validation during training, `rlvr eval`
     curriculum  an online pass-rate curriculum: which questions a batch draws
     episodes  multi-turn rollouts (`env=`): batched episodes, the ids the learner trains on, env/* metrics
+    agents    programs' episodes (`agent=`, `env_class=`) through rlvr's server beside the rollout engine, bounded
+    trajectories  an agent's recorded calls as sequences (merged while the prompt extends), the batch, agent/*
     run       run directories, loading the policy, optimizer, engines, resume, StopRequests
     check     checking a task before training: rows, prompts, whether its reward can vary (rlvr check-task)
 
 May import: rlvr.core, rlvr.sandbox, rlvr.grading, rlvr.tasks, rlvr.environments, rlvr.engines, rlvr.algorithms,
-rlvr.config.
+rlvr.config, rlvr.serve.
 """
 
 from rlvr.stages.check import TaskReport, check_before_loading, check_task, warn_unlearnable

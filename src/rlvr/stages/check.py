@@ -78,10 +78,11 @@ def check_prompts(task: Task, rows: list[Example], tokenizer, context: int | Non
 
 def check_task(task: Task, rows: list[Example] | None = None, tokenizer=None, n: int = 16,
                splits: tuple[str, ...] = ("train", "validation", "test"), context: int | None = None,
-               max_new_tokens: int = 0) -> TaskReport:
+               max_new_tokens: int = 0, score: bool = True) -> TaskReport:
     """Load each split (or use `rows` as the train split), check every row's prompt (check_prompts), score the
     first `n` train rows' reference and empty completions with the task's reward, and say what would make
-    training learn nothing."""
+    training learn nothing. `score=False`: no scoring (an agent's episodes are scored on their conversations,
+    which a text completion does not have)."""
     counts: dict[str, int] = {}
     errors: dict[str, str] = {}
     loaded: dict[str, list[Example]] = {}
@@ -108,13 +109,13 @@ def check_task(task: Task, rows: list[Example] | None = None, tokenizer=None, n:
     prompts = [task.prompt.render(ex, tokenizer) for ex in sample]
     warnings = []
     with_ref = [(ex, p, reference_completion(task, ex)) for ex, p in zip(sample, prompts)]
-    with_ref = [(ex, p, r) for ex, p, r in with_ref if r]
+    with_ref = [(ex, p, r) for ex, p, r in with_ref if r] if score else []
     reference = _score(task, with_ref, tokenizer)
-    empty = _score(task, [(ex, p, "") for ex, p in zip(sample, prompts)], tokenizer)
-    if not with_ref:
+    empty = _score(task, [(ex, p, "") for ex, p in zip(sample, prompts)], tokenizer) if score else []
+    if score and not with_ref:
         warnings.append("no row has a reference answer or solution: the reward was checked on empty completions "
                         "only, so whether it rewards a right answer is unknown")
-    else:
+    elif score:
         same = [float(a["reward"]) == float(b["reward"]) for a, b in zip(reference, empty)]
         if all(same):
             warnings.append(f"the reward gives the reference answer and an empty completion the same score on all "

@@ -174,6 +174,7 @@ def first_pass(sampler, engine, model, train: list[Example], prompt, tokenizer, 
     group_size times each and scored, to seed the statistics; nothing is trained. Returns what it logs."""
     import time
 
+    from rlvr.stages.agents import rollout_source
     from rlvr.stages.episodes import generate
     from rlvr.stages.rollouts import Rollouts, rollout_sampling, score_completions
 
@@ -182,11 +183,12 @@ def first_pass(sampler, engine, model, train: list[Example], prompt, tokenizer, 
     per_batch = max(1, cfg.rollout_batch_size // cfg.group_size)
     engine.sync_weights(model)
     left = min(cfg.curriculum.first_pass, len(train))
+    source = rollout_source(cfg)
     while left > 0:
         questions = [train[i] for i in order.take(min(per_batch, left))]
         left -= len(questions)
         prompts = [prompt.render(q, tokenizer) for q in questions]
         sampling = rollout_sampling(cfg, prompt, 0)
-        rollouts = Rollouts(questions, prompts, generate(engine, cfg.env, questions, prompts, sampling, tokenizer))
+        rollouts = Rollouts(questions, prompts, generate(engine, source, questions, prompts, sampling, tokenizer))
         sampler.record(questions, rollouts.completions, score_completions(reward_fn, rollouts, cfg)[0])
     return {**sampler.pool_metrics(sampler.pools()), "time/curriculum_first_pass": time.perf_counter() - start}

@@ -39,6 +39,7 @@ from concurrent import futures
 
 from rlvr.engines.base import Completion, RolloutEngine, SamplingParams
 from rlvr.environments import Environment, Observation, environment_factory
+from rlvr.stages.trajectories import agent_stats
 from rlvr.tasks.records import Example
 
 NAN = math.nan
@@ -113,12 +114,16 @@ def _steps(episodes: list[_Episode], turns: list[Completion], pool: futures.Exec
     return out
 
 
-def generate(engine: RolloutEngine, env: str | None, questions: list[Example], prompts: list[str],
+def generate(engine: RolloutEngine, env, questions: list[Example], prompts: list[str],
              sampling: SamplingParams, tokenizer, progress=None) -> list[Completion]:
     """len(prompts) * sampling.n completions, prompt-major: the engine's single turns, or with `env` (a name or
-    import path, `env=`) one multi-turn episode each. Training, validation and `rlvr eval` all generate here."""
+    import path, `env=`) one multi-turn episode each, or with a runner of programs' episodes (agent=, env_class=:
+    rlvr.stages.agents, anything with this function's `generate`) theirs. Training, validation and `rlvr eval`
+    all generate here."""
     if env is None:
         return engine.generate(prompts, sampling, progress=progress)
+    if not isinstance(env, str):
+        return env.generate(engine, questions, prompts, sampling, tokenizer, progress)
     return run_episodes(engine, environment_factory(env), questions, prompts, sampling, tokenizer, progress)
 
 
@@ -199,7 +204,8 @@ def episode_metrics(completions: list[Completion]) -> dict[str, float]:
 
 
 def episode_stats(episodes: list[dict]) -> dict[str, float]:
-    """episode_metrics of the episodes' records (Completion.episode, or an evaluation's records of them)."""
+    """episode_metrics of the episodes' records (Completion.episode, or an evaluation's records of them); an
+    agent's episodes (rlvr.stages.agents) add agent/*."""
     if not episodes:
         return {}
     k = len(episodes)
@@ -220,6 +226,7 @@ def episode_stats(episodes: list[dict]) -> dict[str, float]:
         m[f"env/reward_turn_{t}"] = sum(rewards) / len(rewards)  # over the episodes the environment rewarded
     # over every episode, 0 where turn 1 got no reward (code_feedback: the first attempts' pass rate)
     m["env/first_turn_reward"] = sum(e["turn_rewards"][0] for e in episodes if e["turn_rewards"]) / k
+    m.update(agent_stats(episodes))
     return m
 
 

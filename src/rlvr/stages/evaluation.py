@@ -17,6 +17,7 @@ from pathlib import Path
 from rlvr.config import RESUME_FREE, EvalConfig, sampling_params, setting_changes
 from rlvr.core import checkpoint as ckpt
 from rlvr.engines.base import RolloutEngine, SamplingParams
+from rlvr.stages.agents import rollout_source
 from rlvr.stages.episodes import apply_env_rewards, episode_stats, generate
 from rlvr.tasks.prompts import PromptTemplate
 from rlvr.tasks.records import Example
@@ -94,10 +95,10 @@ def evaluate(
     tokenizer=None,
     reward_fn=None,
     progress=None,
-    env: str | None = None,
+    env=None,
 ) -> EvalResult:
-    """Generate `sampling.n` completions per example (multi-turn episodes with `env`), grade them with the
-    prompt's reward function."""
+    """Generate `sampling.n` completions per example (multi-turn episodes with `env`: an environment's name, or an
+    agent runner, rlvr.stages.agents), grade them with the prompt's reward function."""
     start = time.perf_counter()
     reward_fn = reward_fn or get_reward_fn(prompt.reward)
     prompts = [prompt.render(ex, tokenizer) for ex in examples]
@@ -133,11 +134,13 @@ def evaluate(
 
 # what each evaluated episode keeps in its record: all that episode_stats reads, so the summary of a resumed
 # evaluation is computed from the records of both parts as from one
-EPISODE_FIELDS = ("turns", "tool_calls", "end", "turn_rewards", "tool_errors", "observation_tokens", "tool_seconds")
+EPISODE_FIELDS = ("turns", "tool_calls", "end", "turn_rewards", "tool_errors", "observation_tokens", "tool_seconds",
+                  "agent", "calls", "sequences", "failure")
 
 
 def env_summary(records: list[dict]) -> dict:
-    return {k: v for k, v in episode_stats([r for r in records if "turns" in r]).items() if k.startswith("env/")}
+    return {k: v for k, v in episode_stats([r for r in records if "turns" in r]).items()
+            if k.startswith(("env/", "agent/"))}
 
 
 def write_results(out_dir: str | Path, result: EvalResult) -> None:
@@ -263,6 +266,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     engine = HFEngine(model, tokenizer, batch_size=cfg.batch_size, dtype=dtype, prefix_cache_mib=cfg.env_cache_mib)
     sampling = sampling_params(cfg, stop=prompt.stop, seed=cfg.seed)
     blocks = eval_blocks(examples, prompt, tokenizer, max(1, cfg.batch_size // cfg.samples))
+    source = rollout_source(cfg)
     if kept:
         log.info("resume: %d of %d blocks kept in %s", len(kept), len(blocks), partial)
     records = [r for b in sorted(kept) for r in kept[b]["records"]]
@@ -282,7 +286,7 @@ def run_eval(cfg: EvalConfig) -> dict:
                     f"interrupted after {len(records) // cfg.samples} of {len(examples)} questions; they are kept in "
                     f"{partial}. Continue with: rlvr eval out={out} resume=true")
             part = evaluate(engine, [examples[i] for i in block], prompt, sampling, tokenizer=tokenizer,
-                            reward_fn=reward_fn, progress=bar.update, env=cfg.env)
+                            reward_fn=reward_fn, progress=bar.update, env=source)
             for r in part.records:
                 r["question_index"] = block[r["question_index"]]
             f.write(json.dumps({"block": number, "seconds": part.summary["seconds"], "records": part.records},
@@ -293,7 +297,7 @@ def run_eval(cfg: EvalConfig) -> dict:
             seconds += part.summary["seconds"]
     records.sort(key=lambda r: (r["question_index"], r["sample_index"]))  # prompt-major, as one call returns them
     result = EvalResult(records, summarize(records, cfg.samples, seconds))
-    if cfg.env is not None:
+    if cfg.env is not None or cfg.agentic:
         result.summary["env"] = env_summary(records)
     result.summary.update(model=cfg.model, prompt=cfg.prompt, dataset=cfg.dataset, split=cfg.split)
     write_results(out, result)

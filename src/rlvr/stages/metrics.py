@@ -187,7 +187,8 @@ def rollout_rows(rollouts: Rollouts, scored: Scored) -> list[dict]:
     return [{"question": rollouts.questions[c.prompt_index].question, "prompt": rollouts.prompts[c.prompt_index],
              "ground_truth": truths[j], "response": c.text,
              **{k: _number_or_none(scored.scores[j][k]) for k in ("reward", "format_reward", "answer_reward")},
-             "advantage": _row_advantage(scored.batch, j),
+             "advantage": _row_advantage(scored.batch, j if scored.rows is None else
+                                         scored.rows[j][0] if scored.rows[j] else None),
              "tokens": len(c.token_ids), "finish_reason": c.finish_reason, "sample_index": c.sample_index,
              "token_ids": list(c.token_ids),  # what was trained (the text is its decoding)
              **{k.removeprefix("log/"): v for k, v in scored.scores[j].items() if k.startswith("log/")}}
@@ -199,8 +200,11 @@ def _number_or_none(value):
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
-def _row_advantage(batch: TrainBatch, row: int) -> float:
-    """A rollout's advantage; for per-token advantages (distillation), their mean over its response."""
+def _row_advantage(batch: TrainBatch, row: int | None) -> float | None:
+    """A rollout's advantage; for per-token advantages (distillation), their mean over its response. None: the
+    rollout has no row (an agent's episode that sampled nothing)."""
+    if row is None:
+        return None
     if batch.advantages.dim() == 1:
         return float(batch.advantages[row])
     mask = batch.response_mask[row]

@@ -20,7 +20,9 @@ from rlvr.algorithms.update import TrainBatch
 from rlvr.config import TrainConfig, sampling_params
 from rlvr.engines.base import Completion, RolloutEngine
 from rlvr.environments import environment_factory
+from rlvr.stages.agents import rollout_source
 from rlvr.stages.episodes import apply_env_rewards, generate
+from rlvr.stages.trajectories import is_agentic, sequence_batch
 from rlvr.tasks.prompts import PromptTemplate
 from rlvr.tasks.records import DataOrder, Example
 from rlvr.tasks.reward_base import RewardContext, score_batch
@@ -70,6 +72,7 @@ class Scored:
     adv_meta: dict
     batch: TrainBatch
     unknown_rows: int = 0
+    rows: list[list[int]] | None = None  # the batch rows of each rollout, when they are not one each (agents)
 
 
 def sampled_log_probs(completions: list[Completion], labels: torch.Tensor, response_mask: torch.Tensor):
@@ -110,7 +113,8 @@ def collect_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
     questions, prompts = next_questions(train, order, prompt, tokenizer, cfg)
     engine.sync_weights(model)
     sampling = rollout_sampling(cfg, prompt, step)
-    return Rollouts(questions, prompts, generate(engine, cfg.env, questions, prompts, sampling, tokenizer), step)
+    return Rollouts(questions, prompts, generate(engine, rollout_source(cfg), questions, prompts, sampling, tokenizer),
+                    step)
 
 
 def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: DataOrder, prompt: PromptTemplate,
@@ -141,6 +145,7 @@ def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
     every_score: list[dict] = []
     grading: dict[str, float] = {}
     sampled, right, rounds = 0, 0.0, 0
+    source = rollout_source(cfg)
     engine.sync_weights(model)
     while len(questions) < want and rounds < cfg.dynamic_sampling_rounds:
         missing = want - len(questions)
@@ -151,7 +156,7 @@ def dynamic_rollouts(engine: RolloutEngine, model, train: list[Example], order: 
         new_q, new_p = next_questions(train, order, prompt, tokenizer, cfg, count=count)
         sampling = rollout_sampling(cfg, prompt, step)
         sampling = dataclasses.replace(sampling, seed=sampling.seed + 1_000_000_007 * rounds)
-        batch = Rollouts(new_q, new_p, generate(engine, cfg.env, new_q, new_p, sampling, tokenizer), step)
+        batch = Rollouts(new_q, new_p, generate(engine, source, new_q, new_p, sampling, tokenizer), step)
         rounds += 1
         scores, counts = score_completions(reward_fn, batch, cfg)
         for name, value in counts.items():  # counts add up over the rounds; a reward's log_metric: the last
@@ -201,6 +206,8 @@ def score_completions(reward_fn, rollouts: Rollouts, cfg: TrainConfig) -> tuple[
     weight = (cfg.rewards or {}).get("overlong")
     if weight:
         budget = environment_factory(cfg.env).episode_budget(cfg.max_new_tokens) if cfg.env else cfg.max_new_tokens
+        if getattr(cfg, "agentic", False):  # an agent's episode: every id it sampled, against its budget
+            budget = cfg.agents.max_tokens or cfg.agents.max_calls * cfg.max_new_tokens
         for score, c in zip(scores, rollouts.completions):
             sampled = sum(c.loss_mask) if c.loss_mask is not None else len(c.token_ids)
             penalty = soft_overlong_penalty(sampled, budget, cfg.overlong_buffer)
@@ -265,17 +272,26 @@ def score_rollouts(rollouts: Rollouts, reward_fn, spec: EstimatorSpec, cfg: Trai
     raw_rewards, reward_meta = rewards_and_metadata(scores, grading)
     if spec.reward_signal == "correctness":  # RFT's indicator, MaxRL's success: shaping does not enter
         raw_rewards = _correctness(scores, cfg.algorithm)
-    advantages, adv_meta = advantages_of(raw_rewards, cfg.group_size, spec)
-    # the sampled ids are what is trained (EOS included when it was sampled), never the text encoded again
-    tokens = tokenize_prompt_and_ids([rollouts.prompts[c.prompt_index] for c in rollouts.completions],
-                                     [c.token_ids for c in rollouts.completions], tokenizer,
-                                     [c.loss_mask for c in rollouts.completions])
+    advantages, adv_meta = advantages_of(raw_rewards, cfg.group_size, spec)  # over episodes, not sequences
+    truncated = rollouts.truncated
+    rows = None
+    if is_agentic(rollouts.completions):  # an episode is the sequences its calls made, each with its advantage
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        input_ids, labels, mask, sampled, rows = sequence_batch(rollouts.completions, pad)
+        owner = torch.tensor([j for j, of in enumerate(rows) for _ in of] or [0], dtype=torch.long)
+        advantages = advantages[owner] if any(rows) else torch.zeros(1)
+        truncated = truncated[owner] if any(rows) else torch.zeros(1, dtype=torch.bool)
+        tokens, unknown = {"input_ids": input_ids, "labels": labels, "response_mask": mask}, 0
+    else:
+        # the sampled ids are what is trained (EOS included when it was sampled), never the text encoded again
+        tokens = tokenize_prompt_and_ids([rollouts.prompts[c.prompt_index] for c in rollouts.completions],
+                                         [c.token_ids for c in rollouts.completions], tokenizer,
+                                         [c.loss_mask for c in rollouts.completions])
+        sampled, unknown = sampled_log_probs(rollouts.completions, tokens["labels"], tokens["response_mask"])
     mask = tokens["response_mask"]
-    sampled, unknown = sampled_log_probs(rollouts.completions, tokens["labels"], mask)
     if spec.mask_truncated_completions:
-        truncated = rollouts.truncated
         mask = mask & ~truncated.unsqueeze(-1)
         advantages = torch.where(truncated, torch.zeros_like(advantages), advantages)
     batch = TrainBatch(tokens["input_ids"], tokens["labels"], mask, advantages,
                        rollout_log_probs=sampled if unknown < len(rollouts.completions) else None)
-    return Scored(scores, reward_meta, adv_meta, batch, unknown)
+    return Scored(scores, reward_meta, adv_meta, batch, unknown, rows)

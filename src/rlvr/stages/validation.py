@@ -15,6 +15,7 @@ from rlvr.config import TrainingFields, sampling_params
 from rlvr.core import checkpoint as ckpt
 from rlvr.core.models import cache_dir
 from rlvr.engines.base import RolloutEngine
+from rlvr.stages.agents import rollout_source
 from rlvr.stages.evaluation import evaluate
 from rlvr.tasks.prompts import PromptTemplate
 from rlvr.tasks.records import EmptySplit, Example
@@ -52,8 +53,9 @@ def validate(engine: RolloutEngine, policy, examples: list[Example], prompt: Pro
         runs.append((f"{prefix}_sampled", sampling_params(cfg, stop=prompt.stop, seed=cfg.seed, validation=True,
                                                           sampled=True)))
     metrics, results = {}, []
+    source = rollout_source(cfg)
     for name, sampling in runs:
-        result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer, env=getattr(cfg, "env", None),
+        result = evaluate(engine, examples, prompt, sampling, tokenizer=tokenizer, env=source,
                           reward_fn=eval_reward_fn(cfg, prompt))
         results.append(result)
         s = result.summary
@@ -64,7 +66,8 @@ def validate(engine: RolloutEngine, policy, examples: list[Example], prompt: Pro
             f"{name}/truncated_rate": s["truncated_rate"],
             f"{name}/seconds": s["seconds"],
             **{f"{name}/pass@{k}": v for k, v in s.get("pass_at_k", {}).items()},
-            **{f"{name}/{k}": v for k, v in s.get("env", {}).items()},  # val/env/first_turn_reward, ...
+            # val/env/first_turn_reward, ..., and an agent's val/agent/tool_call_success, ...
+            **{f"{name}/{k}": v for k, v in s.get("env", {}).items()},
         })
     return metrics, results[0].records
 

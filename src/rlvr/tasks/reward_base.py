@@ -53,6 +53,10 @@ class RewardContext:
     max_steps: int | None = None
     epoch: float | None = None
     row_prompts: list | None = None  # each row's prompt as TRL passes it (PromptTemplate.reward_prompt)
+    # an agent's episodes (rlvr.stages.agents): each one's conversation after its prompt (TRL's conversational
+    # `completions`, None where a completion has none), and keywords TRL hands its functions (`environments`)
+    messages: list | None = None
+    reward_kwargs: dict | None = None
     results: dict = dataclasses.field(default_factory=dict)
     metrics: dict = dataclasses.field(default_factory=dict)  # log_metric(name, value): name -> values
     extras: dict = dataclasses.field(default_factory=dict)  # log_extra(column, values): column -> one per row
@@ -64,7 +68,11 @@ class RewardContext:
         rendered prompts and rows, one of each per prompt index; `template` (a PromptTemplate) gives each row's
         prompt as a reward function sees it; `training`: global_step, max_steps, epoch."""
         row_prompts = [template.reward_prompt(r) for r in rows] if template is not None else None
+        messages = [getattr(c, "messages", None) for c in completions]
+        environments = [getattr(c, "environment", None) for c in completions]
         return cls(prompts=[prompts[c.prompt_index] for c in completions],
+                   messages=messages if any(m is not None for m in messages) else None,
+                   reward_kwargs={"environments": environments} if any(e is not None for e in environments) else None,
                    completion_ids=[list(c.token_ids) for c in completions],
                    rows=[rows[c.prompt_index] for c in completions], step=step,
                    row_prompts=[row_prompts[c.prompt_index] for c in completions] if row_prompts else None,

@@ -35,11 +35,23 @@ def reward_terms(cfg, prompt: PromptTemplate) -> dict[str, float]:
     rewards = getattr(cfg, "rewards", None)
     if rewards:
         return dict(rewards)
+    if prompt.reward is None and getattr(cfg, "episodes_reward", False):
+        return {}  # an agent's episodes may be scored by the agent itself (rlvr.stages.agents)
     if prompt.reward is None:
         raise ValueError(f"prompt {prompt.name!r} has no reward of its own: say what grades a response with "
                          "rewards={path/to/rewards.py:my_reward: 1.0} (or a built-in such as answer_tag), or "
                          "ask for a template that has one (prompt=r1_zero grades the answer column)")
     return {prompt.reward: 1.0}
+
+
+class Unscored(RewardFn):
+    """No reward function: every response is left unscored (an agent's episodes score themselves; one that
+    returns None has no reward, and its group's statistics leave it out)."""
+
+    name = "unscored"
+
+    def plan(self, responses, ground_truths, context=None):
+        return [], lambda _: [{"reward": None, "format_reward": None, "answer_reward": None} for _ in responses]
 
 
 def check_reward_name(name: str) -> None:
@@ -89,6 +101,8 @@ def build_reward_fn(cfg, prompt: PromptTemplate) -> RewardFn:
     batch."""
     terms = {k: w for k, w in reward_terms(cfg, prompt).items() if k != "overlong"}
     timeout = getattr(cfg, "reward_timeout", None)
+    if not terms:
+        return Unscored()
     if not getattr(cfg, "rewards", None):
         return _component(next(iter(terms)), prompt, timeout)
     labels = term_labels(terms)

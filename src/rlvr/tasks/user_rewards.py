@@ -9,8 +9,10 @@ Two signatures, told apart by the function's parameters:
     works too), `log_metric(name, value)` (logged as train/<name>, the step's mean) and `log_extra(column,
     values)` (a column of rollouts.jsonl). `prompts` are the dataset's prompts as TRL passes them: the row's
     conversation, or its text prompt (the template filled in, before any chat template); a conversational row's
-    completion is [{"role": "assistant", "content": text}]. Detected by a parameter named `completions`, or by
-    keywords only (`def fn(**kwargs)`).
+    completion is [{"role": "assistant", "content": text}]; an agent's episode's (agent=, env_class=) is its
+    conversation after the prompt, tool calls and results included, and an env_class's instances arrive as
+    `environments` (TRL's keyword; rlvr's signature gets its own as `environments` too). Detected by a parameter
+    named `completions`, or by keywords only (`def fn(**kwargs)`).
 
     rlvr's, one sample at a time:
         def fn(response, ground_truth, **row) -> float | {"reward", "format_reward", "answer_reward"} | None
@@ -293,16 +295,20 @@ class UserReward(RewardFn):
                                       f"{clash[0]!r}, which rlvr's signature fn(response, ground_truth, **row) "
                                       f"passes as its own argument; rename the column (or, for ground_truth, set "
                                       f"answer_field={clash[0]})")
-                calls.append(_accepted(self.fn, {**f, "response": r, "ground_truth": t}))
+                extra = {k: v[k] for k, v in (context.reward_kwargs or {}).items()}
+                calls.append(_accepted(self.fn, {**f, **extra, "response": r, "ground_truth": t}))
             return calls
         chat = [r is not None and r.conversation is not None for r in rows]
         # TRL's `prompts`: the dataset's prompt, the conversation or the text (not the chat-rendered string)
         prompts = context.row_prompts or context.prompts or [""] * len(responses)
         columns = {k for f in fields for k in f} - {"prompt", "completion", "completion_ids"}
         kwargs = {k: [f.get(k) for f in fields] for k in sorted(columns)}
+        said = context.messages or [None] * len(responses)  # an agent's conversation, where it had one
         kwargs.update(
             prompts=[copy.deepcopy(list(r.conversation)) if c else p for r, c, p in zip(rows, chat, prompts)],
-            completions=[[{"role": "assistant", "content": t}] if c else t for t, c in zip(responses, chat)],
+            completions=[copy.deepcopy(m) if m is not None else [{"role": "assistant", "content": t}] if c else t
+                         for t, c, m in zip(responses, chat, said)],
+            **(context.reward_kwargs or {}),
             completion_ids=[list(ids) for ids in context.completion_ids] if context.completion_ids
             else [[] for _ in responses],
             trainer_state=trainer_state(context),

@@ -9,6 +9,9 @@
     run_dir = rlvr.train("configs/grpo_arithmetic.yaml", reward_funcs=[short_answer],
                          train_dataset=[{"prompt": "2+2=", "answer": "4"}, ...], prompt="row", steps=20)
 
+    async def run_episode(client, row, sampling): ...          # an agent (docs/agents.md)
+    rlvr.train("configs/grpo_arithmetic.yaml", agent=run_episode)   # or env_class=MyToolEnv (TRL's shape)
+
 `config` is a YAML path, a dict or a TrainConfig; `reward_funcs` a callable, a list of them (weights in
 `reward_weights`, 1 each by default) or {callable: weight}; the datasets lists of dicts, a `datasets.Dataset`
 or a name `dataset=` takes. Rows in memory are written once to a file named by their content hash under the
@@ -75,9 +78,22 @@ def _reward_terms(reward_funcs, reward_weights) -> dict[str, float]:
     return terms
 
 
+def _agent_overrides(overrides: dict) -> dict:
+    """`agent=fn` and `env_class=Cls` handed over in Python: registered in this process, named by their key."""
+    from rlvr.environments.agents import register_agent
+    from rlvr.environments.tool_loop import register_env_class
+
+    out = dict(overrides)
+    if callable(out.get("agent")):
+        out["agent"] = register_agent(out["agent"])
+    if isinstance(out.get("env_class"), type):
+        out["env_class"] = register_env_class(out["env_class"])
+    return out
+
+
 def _build(cls, config, reward_funcs, reward_weights, train_dataset, eval_dataset, overrides: dict,
            given: str = "rlvr.train"):
-    overrides = dict(overrides)
+    overrides = _agent_overrides(overrides)
     terms = _reward_terms(reward_funcs, reward_weights)
     if terms:
         overrides["rewards"] = {**(overrides.get("rewards") or {}), **terms}

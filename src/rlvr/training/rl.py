@@ -47,7 +47,9 @@ def train_grpo(cfg: TrainConfig) -> dict:
     cfg = stages.native_precision(cfg, where)
     reward_fn = stages.build_reward_fn(cfg, prompt.reward)
     model, tokenizer, state = stages.load_policy(cfg, run_dir, where.policy)
-    if state is None:  # a reward that cannot tell a right answer from none: said now, not after hours
+    # a reward that cannot tell a right answer from none: said now, not after hours (an agent's episodes are
+    # scored on their conversation, which a text completion of the row does not have: not checked)
+    if state is None and not cfg.agentic:
         stages.warn_unlearnable(task, train, tokenizer)
     optimizer, scheduler = stages.build_optimizer(model, cfg, cfg.steps * spec.steps_per_rollout)
     reference = stages.reference_model(cfg, where.reference)
