@@ -66,7 +66,9 @@ class SandboxConfig(BaseConfig):
                            "its sandbox together (past them: a timeout, whatever runs beside it); one that waits "
                            "instead is stopped at 3 x this of wall clock")
     memory_mb: int = Field(512, ge=32, description="address space of each of a sandbox's processes")
-    processes: int = Field(8, ge=2, description="processes and threads a sandbox may hold (the judge's included)")
+    processes: int = Field(8, ge=2, description="processes a sandbox may hold, the judge's included "
+                           "(16 threads more are allowed on top: the kernel counts both as tasks; memory counts "
+                           "processes)")
 
     @model_validator(mode="before")
     @classmethod
