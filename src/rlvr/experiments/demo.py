@@ -45,10 +45,11 @@ def _eval(cfg: DemoConfig, model: str, out: Path, baseline: bool = False, limit:
     return run_eval(eval_cfg)
 
 
-# Each stage's share of a whole demo's time (2026-12-06, Intel Xeon, 2 cores, 572 s in all): what is left is
-# estimated from the stages done so far and these shares
-_SHARES = {"prompting baseline": 0.054, "baseline eval": 0.012, "sft": 0.214, "sft eval": 0.054, "grpo": 0.608,
-           "grpo eval": 0.058}
+# Each stage's share of a whole demo's time (2026-12-07, AMD EPYC with native bf16, 2 cores, 778 s in all, the
+# GGUF already converted; evaluations on 1000 test questions): what is left is estimated from the stages done so
+# far and these shares
+_SHARES = {"prompting baseline": 0.012, "baseline eval": 0.010, "sft": 0.153, "sft eval": 0.163, "grpo": 0.477,
+           "grpo eval": 0.186}
 
 
 class _Stages:
